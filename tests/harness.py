@@ -1,0 +1,221 @@
+"""Drive a real vLLM scheduler without a model, as vLLM's own CPU tests do.
+
+The scheduler, KV cache manager and block pool are vLLM's; only the model
+runner is replaced by synthetic outputs (one sampled token per scheduled
+request). `audit` checks block accounting against the pool after any step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+from vllm_continuum.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
+
+BLOCK_SIZE = 16
+EOS_TOKEN_ID = 0
+FILLER_TOKEN = 7  # a token the synthetic model emits that is neither EOS nor a tool call
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_scheduler(
+    model_dir: str,
+    *,
+    num_blocks: int = 64,
+    continuum: bool = True,
+    async_scheduling: bool = False,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 1024,
+    policy: str = "fcfs",
+):
+    model_config = ModelConfig(model=model_dir, max_model_len=4096, seed=0)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=4096,
+        enable_chunked_prefill=True,
+        async_scheduling=async_scheduling,
+        policy=policy,
+        is_encoder_decoder=False,
+    )
+    cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+        device_config=DeviceConfig(device="cpu"),
+    )
+    cache_config.num_gpu_blocks = num_blocks
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"],
+                FullAttentionSpec(
+                    block_size=BLOCK_SIZE, num_kv_heads=1, head_size=64, dtype=torch.float32
+                ),
+            )
+        ],
+    )
+    if continuum:
+        cls = ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler
+    else:
+        cls = AsyncScheduler if async_scheduling else Scheduler
+    return cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK_SIZE,
+        log_stats=True,
+    )
+
+
+_hash_fn = get_hash_fn_by_name("sha256")
+init_none_hash(_hash_fn)
+_block_hasher = get_request_block_hasher(BLOCK_SIZE, _hash_fn)
+_ids = itertools.count()
+
+
+def make_request(
+    prompt: list[int],
+    *,
+    session: str | None = None,
+    max_tokens: int = 4,
+    xargs: dict | None = None,
+    arrival: float | None = None,
+    priority: int = 0,
+) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, extra_args=xargs)
+    params.update_from_generation_config({}, EOS_TOKEN_ID)
+    return Request(
+        request_id=f"req-{next(_ids)}",
+        prompt_token_ids=list(prompt),
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=arrival,
+        block_hasher=_block_hasher,
+        session_id=session,
+        priority=priority,
+    )
+
+
+def tokens(start: int, n: int) -> list[int]:
+    """n distinct prompt tokens (distinct starts give distinct block hashes)."""
+    return [100 + (start + i) % 3000 for i in range(n)]
+
+
+@dataclass
+class Driver:
+    """Steps a scheduler with a synthetic model: each scheduled request samples
+    the next token of its script (default FILLER_TOKEN)."""
+
+    scheduler: object
+    scripts: dict[str, list[int]] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)
+
+    def add(self, request: Request, script: list[int] | None = None) -> Request:
+        if script is not None:
+            self.scripts[request.request_id] = list(script)
+        self.scheduler.add_request(request)
+        return request
+
+    def step(self):
+        s = self.scheduler
+        out = s.schedule()
+        req_ids, sampled = [], []
+        for req_id, n in out.num_scheduled_tokens.items():
+            request = s.requests[req_id]
+            req_ids.append(req_id)
+            done_prefill = request.num_computed_tokens >= request.num_tokens
+            if done_prefill:
+                script = self.scripts.get(req_id)
+                sampled.append([script.pop(0) if script else FILLER_TOKEN])
+            else:
+                sampled.append([])
+        runner_out = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+        engine_outputs = s.update_from_output(out, runner_out)
+        for outputs in engine_outputs.values():
+            for o in outputs.outputs:
+                if o.finish_reason is not None:
+                    self.finished.append(o.request_id)
+        return out
+
+    def run_until_finished(self, *requests: Request, max_steps: int = 200) -> None:
+        for _ in range(max_steps):
+            if all(r.is_finished() for r in requests):
+                return
+            self.step()
+        raise AssertionError(f"not finished after {max_steps} steps: {requests}")
+
+
+def pinned_blocks(scheduler) -> Counter:
+    held: Counter = Counter()
+    for pin in getattr(scheduler, "pins", ()):
+        held.update(b.block_id for b in pin.blocks if not b.is_null)
+    return held
+
+
+def audit(scheduler) -> dict[str, int]:
+    """free + pinned-only + in-use = pool, and every ref count is explained."""
+    kvm = scheduler.kv_cache_manager
+    pool = kvm.block_pool
+    expected: Counter = Counter()
+    for manager in kvm.coordinator.single_type_managers:
+        for blocks in manager.req_to_blocks.values():
+            expected.update(b.block_id for b in blocks if not b.is_null)
+    in_use = set(expected)
+    pinned = pinned_blocks(scheduler)
+    expected.update(pinned)
+    for _, blocks in scheduler.deferred_frees:
+        expected.update(b.block_id for b in blocks if not b.is_null)
+    for block in pool.blocks:
+        if block.is_null:
+            continue
+        assert block.ref_cnt == expected.get(block.block_id, 0), (
+            f"block {block.block_id}: ref_cnt {block.ref_cnt} != "
+            f"{expected.get(block.block_id, 0)} references"
+        )
+    num_free = pool.get_num_free_blocks()
+    pinned_only = len(set(pinned) - in_use)
+    total = pool.num_gpu_blocks - 1
+    assert num_free + pinned_only + len(in_use) == total, (num_free, pinned_only, in_use, total)
+    return {"free": num_free, "pinned": pinned_only, "in_use": len(in_use), "pool": total}
+
+
+def is_finished_ok(request: Request) -> bool:
+    return request.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)

@@ -1,0 +1,41 @@
+"""The vLLM general plugin: teaches `--scheduler-cls continuum` our scheduler.
+
+vLLM resolves `--scheduler-cls` by qualified name only (no registry), and
+loads general plugins in every process before it resolves the scheduler.
+So the plugin wraps `SchedulerConfig.get_scheduler_cls` to map the short
+name to the variant matching vLLM's async-scheduling decision. It runs
+several times per process (vLLM's rule for plugins): the wrap is applied once.
+It never fails for users who do not ask for continuum: the version check
+runs only when the name is resolved.
+"""
+
+from __future__ import annotations
+
+SCHEDULER_NAMES = frozenset({"continuum"})
+_MARK = "_vllm_continuum_wrapped"
+
+
+def register() -> None:
+    from vllm.config.scheduler import SchedulerConfig
+
+    stock = SchedulerConfig.get_scheduler_cls
+    if getattr(stock, _MARK, False):
+        return
+
+    def get_scheduler_cls(self: SchedulerConfig):
+        if isinstance(self.scheduler_cls, str) and self.scheduler_cls in SCHEDULER_NAMES:
+            return resolve_scheduler_cls(bool(self.async_scheduling))
+        return stock(self)
+
+    setattr(get_scheduler_cls, _MARK, True)
+    get_scheduler_cls.__doc__ = stock.__doc__
+    SchedulerConfig.get_scheduler_cls = get_scheduler_cls
+
+
+def resolve_scheduler_cls(async_scheduling: bool) -> type:
+    from vllm_continuum.compat import check_vllm_version
+
+    check_vllm_version()
+    from vllm_continuum.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
+
+    return ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler

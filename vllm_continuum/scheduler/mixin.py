@@ -1,0 +1,362 @@
+"""The Continuum behaviour, grafted onto vLLM's V1 scheduler by a mixin.
+
+`ContinuumSchedulerMixin` goes in front of vLLM's `Scheduler` or
+`AsyncScheduler` and hooks five points of it, each the narrowest that works:
+
+- `_free_request_blocks`: the single path by which a request's blocks are
+  freed (finish, abort, connector-delayed free, and preemption, which is not
+  an end of turn). A finished tool-call turn of a session keeps its
+  references instead: a pin.
+- `schedule`: expired pins go first; after stock scheduling, a pin whose
+  session's next turn was admitted is released (the turn already holds the
+  blocks, so nothing becomes evictable in between).
+- `kv_cache_manager.allocate_slots` (wrapped per instance): when an
+  allocation fails, pins are released before vLLM would preempt a running
+  request or give up on admitting a waiting one.
+- `self.waiting`: a lane queue that puts a pinned session's turn ahead of
+  other new work (never ahead of preempted requests).
+- `add_request`, `reset_prefix_cache`, `shutdown`: bookkeeping and release.
+
+Policy (TTLs, release order, queue order) lives in `vllm_continuum.policy`;
+this file only connects it to vLLM.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.request import Request, RequestStatus
+
+from vllm_continuum.compat import check_vllm_version
+from vllm_continuum.config import ContinuumConfig, load_config
+from vllm_continuum.policy.hints import NO_HINTS, Hints, parse_hints
+from vllm_continuum.policy.pin_table import Pin, PinTable, ReleaseReason
+from vllm_continuum.policy.sessions import SessionRegistry
+from vllm_continuum.policy.tool_calls import UNKNOWN_TOOL, tool_name_from_text
+from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
+from vllm_continuum.policy.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
+from vllm_continuum.scheduler.blocks import BlockLedger
+from vllm_continuum.stats import ContinuumStats
+
+logger = init_logger("vllm.continuum")
+
+_MAX_TOOL_NAME_TOKENS = 64
+
+
+class ContinuumSchedulerMixin:
+    def __init__(self, *args, **kwargs) -> None:
+        check_vllm_version()
+        self.continuum_config: ContinuumConfig = load_config()
+        super().__init__(*args, **kwargs)
+        cfg = self.continuum_config
+        self.clock: Callable[[], float] = time.monotonic
+        self.ttl_policy = make_ttl_policy(cfg)
+        self.pins = PinTable()
+        self.sessions = SessionRegistry(cfg.max_tracked_sessions)
+        self.continuum_stats = ContinuumStats()
+        self._ledger = BlockLedger(self)
+        self._hints: dict[str, Hints] = {}
+        self._resuming: dict[str, bool] = {}  # request id -> its session had a pin
+        self._warned_hints: set[str] = set()
+        # Sessions whose lane changed while vLLM was between peek and pop of
+        # the waiting queue: re-sorted only once schedule() is done.
+        self._in_schedule = False
+        self._lane_changes: set[str] = set()
+        self._tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
+        self._tool_call_token_id = self._resolve_tool_call_token(cfg.tool_call_token)
+
+        assert not self.waiting, "the waiting queue is replaced before any request"
+        by_priority = self.policy == SchedulingPolicy.PRIORITY
+        self.waiting = LaneQueue(
+            lane_of=self._lane_of,
+            key_of=(
+                (lambda r: (r.priority, r.arrival_time, r.request_id))
+                if by_priority
+                else (lambda r: (r.arrival_time, r.request_id))
+            ),
+            session_of=lambda r: r.session_id,
+        )
+        self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
+        self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins
+        logger.info(
+            "vllm-continuum scheduler %s: ttl_policy=%s pressure_policy=%s "
+            "max_pinned_fraction=%s max_ttl_s=%s tool-call token id=%s",
+            type(self).__name__,
+            cfg.ttl_policy,
+            cfg.pressure_policy,
+            cfg.max_pinned_fraction,
+            cfg.max_ttl_s,
+            self._tool_call_token_id,
+        )
+
+    # ------------------------------------------------------------------ hooks
+    def add_request(self, request: Request) -> None:
+        self._release_expired()
+        if request.request_id not in self.requests:
+            self._on_arrival(request)
+        super().add_request(request)
+
+    def schedule(self, *args, **kwargs):
+        self._release_expired()
+        self._in_schedule = True
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            self._in_schedule = False
+            for session in self._lane_changes:
+                self.waiting.reclassify(session)
+            self._lane_changes.clear()
+        for new_req in output.scheduled_new_reqs:
+            self._on_admitted(new_req.req_id, new_req.num_computed_tokens)
+        return output
+
+    def _free_request_blocks(self, request: Request) -> None:
+        if request.is_finished():
+            hints = self._hints.pop(request.request_id, NO_HINTS)
+            self._resuming.pop(request.request_id, None)
+            if self._end_of_turn(request, hints):
+                return  # the pin now holds the request's blocks
+        super()._free_request_blocks(request)
+
+    def reset_prefix_cache(self, *args, **kwargs) -> bool:
+        # Pinned blocks are referenced, and a referenced block fails the reset.
+        self.release_all_pins(ReleaseReason.RESET)
+        return super().reset_prefix_cache(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        self.release_all_pins(ReleaseReason.RESET)
+        super().shutdown()
+
+    # ----------------------------------------------------------- public API
+    def release_all_pins(self, reason: ReleaseReason) -> None:
+        for pin in self.pins:
+            self._release(pin, reason)
+
+    # ---------------------------------------------------------- arrival side
+    def _on_arrival(self, request: Request) -> None:
+        params = request.sampling_params
+        extra = getattr(params, "extra_args", None) if params is not None else None
+        hints = parse_hints(extra, self.continuum_config.max_hint_tool_name_length)
+        if hints.invalid:
+            self._count_invalid_hints(request, hints, extra)
+        if hints is not NO_HINTS:
+            self._hints[request.request_id] = hints
+        session = request.session_id
+        if session is not None:
+            seen_before = session in self.sessions
+            self.sessions.observe(session, request.arrival_time)
+            if seen_before:
+                self._resuming[request.request_id] = self.pins.get(session) is not None
+
+    def _on_admitted(self, request_id: str, num_cached_tokens: int) -> None:
+        request = self.requests.get(request_id)
+        if request is None:
+            return
+        had_pin = self._resuming.pop(request_id, None)
+        if had_pin is not None:
+            stats = self.continuum_stats
+            stats.resumes_by_outcome["pinned" if had_pin else "unpinned"] += 1
+            stats.resume_prompt_tokens += request.num_prompt_tokens
+            stats.resume_cached_tokens += num_cached_tokens
+        pin = self.pins.get(request.session_id)
+        if pin is not None and pin.request_id != request_id:
+            # The turn's allocation touched the pinned blocks it hit: hand over.
+            self._release(pin, ReleaseReason.RESUMED)
+
+    def _lane_of(self, request: Request) -> int:
+        if request.status == RequestStatus.PREEMPTED:
+            return PREEMPTED
+        return PINNED if self.pins.get(request.session_id) is not None else REGULAR
+
+    # ------------------------------------------------------------ finish side
+    def _end_of_turn(self, request: Request, hints: Hints) -> bool:
+        """Decide what a finished request means for its session; True if pinned."""
+        session = request.session_id
+        if session is None:
+            return False
+        if hints.last_turn:
+            self._release_session(session, ReleaseReason.LAST_TURN)
+            return False
+        # A stop string also ends a turn as FINISHED_ABORTED (the front end
+        # aborts it), so an abort with output is judged by that output.
+        tool = self._tool_called(request, hints) if request.num_output_tokens else None
+        if tool is None:
+            if request.status == RequestStatus.FINISHED_ABORTED:
+                self._release_session(session, ReleaseReason.ABORTED)
+            return False
+        turn = TurnEnd(
+            session_id=session,
+            tool=tool,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_blocks=0,
+            hinted_ttl_s=hints.ttl_s,
+        )
+        decision = self.ttl_policy.decide(turn)
+        self.continuum_stats.record_ttl(tool, decision.ttl_s, decision.source)
+        logger.debug(
+            "continuum: session=%s tool=%s ttl=%.3fs source=%s",
+            session, tool, decision.ttl_s, decision.source,
+        )
+        if decision.ttl_s <= 0:
+            return False
+        self._pin(request, tool, decision.ttl_s)
+        return True
+
+    def _tool_called(self, request: Request, hints: Hints) -> str | None:
+        if hints.tool is not None:
+            return hints.tool
+        token_id = self._tool_call_token_id
+        if token_id is None:
+            return None
+        output = request.output_token_ids
+        try:
+            start = list(output).index(token_id)
+        except ValueError:
+            return None
+        return self._decode_tool_name(output[start + 1 : start + 1 + _MAX_TOOL_NAME_TOKENS])
+
+    def _decode_tool_name(self, token_ids) -> str:
+        if self._tokenizer is None:
+            return UNKNOWN_TOOL
+        try:
+            return tool_name_from_text(self._tokenizer.decode(list(token_ids)))
+        except Exception:  # a tokenizer quirk must never fail a request
+            logger.debug("continuum: could not decode a tool call", exc_info=True)
+            return UNKNOWN_TOOL
+
+    def _pin(self, request: Request, tool: str, ttl_s: float) -> None:
+        session = request.session_id
+        blocks, fence = self._ledger.take(request)
+        self._release_session(session, ReleaseReason.REPLACED)
+        num_blocks = self._ledger.count(blocks)
+        arrival = self.sessions.first_arrival(session, request.arrival_time)
+        if num_blocks == 0 or not self._make_room_under_cap(num_blocks, arrival):
+            if num_blocks:
+                self.continuum_stats.pins_refused_by_cap += 1
+            self._ledger.give_back(blocks, fence)
+            return
+        now = self.clock()
+        self.pins.add(
+            Pin(
+                session_id=session,
+                request_id=request.request_id,
+                tool=tool,
+                blocks=blocks,
+                num_blocks=num_blocks,
+                created_at=now,
+                expires_at=now + ttl_s,
+                session_arrival=arrival,
+                fence=fence,
+            )
+        )
+        self.continuum_stats.pins_by_tool[tool] += 1
+        self._lane_changed(session)
+
+    def _make_room_under_cap(self, num_blocks: int, session_arrival: float) -> bool:
+        """Fit a new pin under `max_pinned_fraction`, releasing pins of programs
+        that arrived later than this one; False if it cannot fit."""
+        cap = int(self.continuum_config.max_pinned_fraction * self._ledger.pool_size)
+        if num_blocks > cap:
+            return False
+        for victim in self.pins.release_order():
+            if self.pins.num_pinned_blocks + num_blocks <= cap:
+                break
+            if victim.session_arrival <= session_arrival:
+                return False
+            self._release(victim, ReleaseReason.PRESSURE)
+        return self.pins.num_pinned_blocks + num_blocks <= cap
+
+    # ---------------------------------------------------------- release side
+    def _release(self, pin: Pin, reason: ReleaseReason) -> None:
+        if self.pins.get(pin.session_id) is not pin:
+            return
+        self.pins.pop(pin.session_id)
+        self._ledger.give_back(pin.blocks, pin.fence)
+        self.continuum_stats.releases_by_reason[reason.value] += 1
+        self._lane_changed(pin.session_id)
+
+    def _lane_changed(self, session: str) -> None:
+        if self._in_schedule:
+            self._lane_changes.add(session)
+        else:
+            self.waiting.reclassify(session)
+
+    def _release_session(self, session: str, reason: ReleaseReason) -> None:
+        pin = self.pins.get(session)
+        if pin is not None:
+            self._release(pin, reason)
+
+    def _release_expired(self) -> None:
+        if not self.pins:
+            return
+        for pin in self.pins.expired(self.clock()):
+            if self.waiting.has_session_waiting(pin.session_id):
+                self.pins.requeue(pin)  # its next turn is queued: keep for hand-off
+            else:
+                self._release(pin, ReleaseReason.EXPIRED)
+
+    def _allocate_slots_or_release_pins(self, request: Request, *args, **kwargs):
+        """vLLM's allocate_slots, but an allocation that fails for lack of blocks
+        releases pins (latest-arriving program first) and retries, before vLLM
+        preempts or stops admitting. If even that fails, the pins are restored:
+        nothing is released for nothing."""
+        blocks = self._stock_allocate_slots(request, *args, **kwargs)
+        if blocks is not None or not self.pins:
+            return blocks
+        hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
+        hit_ids = self._ledger.block_ids(hit)
+        released: list[Pin] = []
+        for pin in self.pins.release_order():
+            if not self._ledger.can_give_back_now(pin.fence):
+                continue
+            if self._ledger.freeable(pin.blocks, hit_ids) == 0:
+                continue
+            self.pins.pop(pin.session_id)
+            self._ledger.give_back(pin.blocks, pin.fence)
+            released.append(pin)
+            blocks = self._stock_allocate_slots(request, *args, **kwargs)
+            if blocks is not None:
+                break
+        if blocks is None:
+            for pin in released:  # restore: allocation failed, nothing was taken
+                self._ledger.take_back(pin.blocks)
+                self.pins.add(pin)
+            return None
+        for pin in released:
+            self.continuum_stats.releases_by_reason[ReleaseReason.PRESSURE.value] += 1
+            self._lane_changed(pin.session_id)
+        return blocks
+
+    # ------------------------------------------------------------ utilities
+    def _resolve_tool_call_token(self, token: str) -> int | None:
+        if self._tokenizer is None:
+            logger.warning(
+                "continuum: no tokenizer in the engine core (skip_tokenizer_init?); "
+                "tool calls are recognised only by the continuum_tool hint."
+            )
+            return None
+        token_id = self._tokenizer.get_vocab().get(token)
+        if token_id is None:
+            logger.warning(
+                "continuum: the tokenizer has no %r token; tool calls are recognised "
+                "only by the continuum_tool hint. Set CONTINUUM_TOOL_CALL_TOKEN to the "
+                "model's tool-call token.",
+                token,
+            )
+        return token_id
+
+    def _count_invalid_hints(self, request: Request, hints: Hints, extra) -> None:
+        self.continuum_stats.invalid_hints += len(hints.invalid)
+        for key in hints.invalid:
+            value = repr(extra.get(key))[:80]
+            if key not in self._warned_hints:
+                self._warned_hints.add(key)
+                logger.warning(
+                    "continuum: ignoring invalid hint %s=%s on request %s (further "
+                    "invalid %s hints are only counted)", key, value, request.request_id, key,
+                )
+            else:
+                logger.debug("continuum: ignoring invalid hint %s=%s", key, value)
