@@ -16,3 +16,22 @@ def tiny_model_dir(tmp_path_factory) -> str:
     cached = os.environ.get("CONTINUUM_TINY_MODEL_DIR")
     target = cached or str(tmp_path_factory.mktemp("tiny-model"))
     return str(build_tiny_model(target))
+
+
+@pytest.fixture(scope="session")
+def live_servers(tiny_model_dir, tmp_path_factory):
+    """A stock vLLM server and a continuum one, same model, flags and KV pool."""
+    from vllm_continuum.server import flavour_server
+
+    log_dir = tmp_path_factory.mktemp("server-logs")
+    env = {"CONTINUUM_DEFAULT_TTL_S": "30"}
+    servers = {f: flavour_server(f, tiny_model_dir, log_dir, env=env) for f in ("stock", "continuum")}
+    try:
+        for server in servers.values():
+            server.start()
+        for server in servers.values():
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()

@@ -34,7 +34,7 @@ __all__ = [
 
 # Bump when the corpus generator or the build steps change in a way the
 # fingerprint below does not see (the spec and the template are hashed).
-BUILD_VERSION = "1"
+BUILD_VERSION = "3"
 MARKER_FILE = ".vllm_continuum_tiny_model.json"
 SEED = 1234
 
@@ -55,8 +55,13 @@ MODEL_SPEC: dict[str, Any] = {
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": False,
     "initializer_range": 0.02,
-    # vLLM's dtype "auto" runs float32 checkpoints as bfloat16 on CPU anyway.
-    "dtype": "bfloat16",
+    # Logit penalty on tokens that contain "<", newlines or tabs, or are only
+    # whitespace, so guided tool calls are compact and use the single <tool_call> token
+    # (see _add_logit_bias). 0 disables it.
+    "logit_penalty": 10.0,
+    # vLLM's dtype "auto" runs any checkpoint as bfloat16 on CPU; serve with
+    # --dtype float32, faster on AVX2-only CPUs (no bf16 matmul there).
+    "dtype": "float32",
 }
 TOKENIZER_SPEC: dict[str, Any] = {"vocab_size": 3072, "min_frequency": 2, "corpus_docs": 6000}
 
@@ -240,8 +245,9 @@ def _tool_schema_json(rng: random.Random) -> str:
 
 
 def _corpus(n_docs: int, seed: int) -> list[str]:
-    """English-ish prose, JSON, code and ChatML turns (tool tags excluded:
-    they are added tokens, kept out of the BPE merges)."""
+    """English-ish prose, JSON, code and chat turns. Special and tool tokens
+    are left out: the trainer does not split them off, so they would leak
+    into merges such as ``.<|``."""
     rng = random.Random(seed)
     docs = []
     for _ in range(n_docs):
@@ -262,10 +268,7 @@ def _corpus(n_docs: int, seed: int) -> list[str]:
         elif kind < 0.92:
             docs.append(_tool_schema_json(rng))
         else:
-            docs.append(
-                f"<|im_start|>user\n{_sentence(rng)}<|im_end|>\n"
-                f"<|im_start|>assistant\n{_sentence(rng)} {_sentence(rng)}<|im_end|>\n"
-            )
+            docs.append(f"user\n{_sentence(rng)}\nassistant\n{_sentence(rng)} {_sentence(rng)}\n")
     return docs
 
 
@@ -346,12 +349,57 @@ def _build_tokenizer(out: pathlib.Path) -> Any:
     return hf_tok
 
 
+def _penalized_token_ids(tokenizer: Any) -> list[int]:
+    """BPE tokens that contain "<", are whitespace only, or hold any
+    whitespace but a plain space (newlines, tabs)."""
+    added = set(tokenizer.get_added_vocab().values())
+    ids = []
+    for i in range(len(tokenizer)):
+        if i in added:
+            continue
+        text = tokenizer.decode([i])
+        if "<" in text or not text.strip() or any(ch.isspace() and ch != " " for ch in text):
+            ids.append(i)
+    return ids
+
+
+def _add_logit_bias(model: Any, tokenizer: Any, penalized: list[int]) -> None:
+    """Give the random model a fixed logit bias against ``penalized`` tokens.
+
+    Qwen2's LM head has no bias, so hidden channel 0 is made constant: every
+    embedding gets 1.0 there, which dominates the (0.02-scale) random
+    channels, so after the final RMSNorm it is a near-constant ``c``; the LM
+    head's column 0 is then ``bias / c``. Why: under guided decoding a random
+    model otherwise (1) spells ``<tool_call>`` byte by byte about half the time
+    (``<`` + ``tool`` + ...) instead of emitting the single token, as trained
+    Hermes/Qwen models do, and (2) fills the JSON arguments with whitespace
+    runs (xgrammar's structural tags ignore ``disable_any_whitespace``), so
+    calls often run to ``max_tokens`` unparsed. Unconstrained text merely
+    loses ``<``, line breaks and tabs. Chance emissions of ``<tool_call>``
+    keep their uniform odds (about one in the vocabulary size per token).
+    """
+    import torch
+
+    penalty = float(MODEL_SPEC["logit_penalty"])
+    if not penalty or not penalized:
+        return
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        lm = model.lm_head.weight
+        lm[:, 0] = 0.0
+        probe = tokenizer("The weather in Paris is {\"unit\": 1}", return_tensors="pt")
+        hidden = model.model(**probe).last_hidden_state  # after the final norm
+        c = float(hidden[0, :, 0].mean())
+        lm[penalized, 0] = -penalty / c
+
+
 def _build_model(out: pathlib.Path, tokenizer: Any) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     spec = dict(MODEL_SPEC)
     dtype = getattr(torch, spec.pop("dtype"))
+    spec.pop("logit_penalty")
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     im_end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = Qwen2Config(
@@ -365,9 +413,11 @@ def _build_model(out: pathlib.Path, tokenizer: Any) -> None:
     rng_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(SEED)
-        model = Qwen2ForCausalLM(config).to(dtype).eval()
+        model = Qwen2ForCausalLM(config).eval()
+        _add_logit_bias(model, tokenizer, _penalized_token_ids(tokenizer))
     finally:
         torch.random.set_rng_state(rng_state)
+    model = model.to(dtype)
     model.generation_config = GenerationConfig(
         bos_token_id=None,
         eos_token_id=[im_end_id, eos_id],  # a chat turn ends at <|im_end|>

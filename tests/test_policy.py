@@ -1,0 +1,214 @@
+"""The pure policy pieces, without vLLM: hints, TTL policies, pin table,
+lane queue, session registry."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vllm_continuum.config import ContinuumConfig
+from vllm_continuum.policy.hints import NO_HINTS, parse_hints
+from vllm_continuum.policy.pin_table import Pin, PinTable
+from vllm_continuum.policy.sessions import SessionRegistry
+from vllm_continuum.policy.tool_calls import tool_name_from_text
+from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
+from vllm_continuum.policy.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
+
+
+# ------------------------------------------------------------------- hints
+def test_valid_hints():
+    h = parse_hints(
+        {"continuum_tool": "search", "continuum_ttl_s": "2.5", "continuum_last_turn": 1}, 128
+    )
+    assert (h.tool, h.ttl_s, h.last_turn, h.invalid) == ("search", 2.5, True, ())
+
+
+def test_no_hints_is_shared():
+    assert parse_hints(None, 128) is NO_HINTS
+    assert parse_hints({"other": 1}, 128) is NO_HINTS
+
+
+@pytest.mark.parametrize(
+    "xargs, invalid",
+    [
+        ({"continuum_ttl_s": float("nan")}, ("continuum_ttl_s",)),
+        ({"continuum_ttl_s": float("inf")}, ("continuum_ttl_s",)),
+        ({"continuum_ttl_s": -1}, ("continuum_ttl_s",)),
+        ({"continuum_ttl_s": True}, ("continuum_ttl_s",)),
+        ({"continuum_ttl_s": [1]}, ("continuum_ttl_s",)),
+        ({"continuum_tool": ""}, ("continuum_tool",)),
+        ({"continuum_tool": "x" * 129}, ("continuum_tool",)),
+        ({"continuum_tool": "a\nb"}, ("continuum_tool",)),
+        ({"continuum_tool": 3}, ("continuum_tool",)),
+        ({"continuum_last_turn": 2}, ("continuum_last_turn",)),
+        ({"continuum_last_turn": "maybe"}, ("continuum_last_turn",)),
+    ],
+)
+def test_invalid_hints_are_dropped_one_by_one(xargs, invalid):
+    h = parse_hints({**xargs, "continuum_tool": xargs.get("continuum_tool", "ok")}, 128)
+    assert h.invalid == invalid
+    assert h.tool == (None if "continuum_tool" in invalid else "ok")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(), children, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(["continuum_tool", "continuum_ttl_s", "continuum_last_turn", "x"]), json_values))
+def test_parse_hints_never_raises_and_yields_sane_values(xargs):
+    h = parse_hints(xargs, 128)
+    assert h.ttl_s is None or (math.isfinite(h.ttl_s) and h.ttl_s >= 0)
+    assert h.tool is None or 0 < len(h.tool) <= 128
+    assert isinstance(h.last_turn, bool)
+
+
+# --------------------------------------------------------------------- ttl
+def turn(tool="t", hint=None):
+    return TurnEnd("s", tool, num_prompt_tokens=10, num_blocks=1, hinted_ttl_s=hint)
+
+
+def test_fixed_policy_order_hint_tool_default_and_cap():
+    policy = make_ttl_policy(
+        ContinuumConfig(default_ttl_s=2, tool_ttl_s={"slow": 50}, max_ttl_s=10)
+    )
+    assert (policy.decide(turn()).ttl_s, policy.decide(turn()).source) == (2, "default")
+    assert policy.decide(turn("slow")).ttl_s == 10
+    assert policy.decide(turn("slow")).source == "tool+cap"
+    assert policy.decide(turn("slow", hint=3)).ttl_s == 3
+
+
+def test_never_policy_ignores_hints():
+    policy = make_ttl_policy(ContinuumConfig(ttl_policy="never"))
+    assert policy.decide(turn(hint=5)).ttl_s == 0
+
+
+# --------------------------------------------------------------- pin table
+def pin(session, arrival=0.0, expires=10.0, n=2):
+    return Pin(session, f"r-{session}", "t", [object()] * n, n, 0.0, expires, arrival)
+
+
+def test_pin_table_replaces_and_counts():
+    table = PinTable()
+    assert table.add(pin("a", n=3)) is None
+    old = table.add(pin("a", n=5))
+    assert old is not None and old.num_blocks == 3
+    assert table.num_pinned_blocks == 5 and len(table) == 1
+
+
+def test_expired_is_lazy_and_skips_replaced_pins():
+    table = PinTable()
+    table.add(pin("a", expires=5))
+    table.add(pin("b", expires=7))
+    table.add(pin("a", expires=50))  # replaces the first "a"
+    assert table.expired(4) == []
+    assert [p.session_id for p in table.expired(8)] == ["b"]
+    assert table.get("b") is not None  # reported, not removed
+    table.pop("b")
+    assert [p.session_id for p in table.expired(60)] == ["a"]
+
+
+def test_release_order_latest_program_first():
+    table = PinTable()
+    for session, arrival in [("a", 1), ("b", 3), ("c", 2)]:
+        table.add(pin(session, arrival=arrival))
+    assert [p.session_id for p in table.release_order()] == ["b", "c", "a"]
+
+
+# -------------------------------------------------------------- lane queue
+@dataclass(eq=False)
+class Req:
+    name: str
+    arrival: float
+    session: str | None = None
+    preempted: bool = False
+
+
+def make_queue(pinned: set[str]):
+    return LaneQueue(
+        lane_of=lambda r: PREEMPTED if r.preempted else PINNED if r.session in pinned else REGULAR,
+        key_of=lambda r: (r.arrival, r.name),
+        session_of=lambda r: r.session,
+    )
+
+
+def drain(queue):
+    out = []
+    while queue:
+        assert queue.peek_request() is (r := queue.pop_request())
+        out.append(r.name)
+    return out
+
+
+def test_lanes_preempted_then_pinned_then_arrival():
+    pinned = {"s"}
+    q = make_queue(pinned)
+    for r in [Req("a", 1), Req("b", 2, "s"), Req("c", 0.5), Req("d", 3, "s")]:
+        q.add_request(r)
+    q.prepend_request(Req("p", 9, preempted=True))
+    assert [r.name for r in q] == ["p", "b", "d", "c", "a"]
+    assert drain(q) == ["p", "b", "d", "c", "a"]
+
+
+def test_skipped_requests_keep_their_place():
+    q = make_queue(set())
+    reqs = [Req(n, i) for i, n in enumerate("abc")]
+    for r in reqs:
+        q.add_request(r)
+    skipped = [q.pop_request(), q.pop_request()]
+    q.prepend_requests(reversed(skipped))  # vLLM hands them back newest first
+    assert drain(q) == ["a", "b", "c"]
+
+
+def test_reclassify_moves_a_session_between_lanes():
+    pinned: set[str] = set()
+    q = make_queue(pinned)
+    q.add_request(Req("a", 1))
+    q.add_request(Req("b", 2, "s"))
+    assert q.has_session_waiting("s") and not q.has_session_waiting("x")
+    pinned.add("s")
+    q.reclassify("s")
+    assert [r.name for r in q] == ["b", "a"]
+    pinned.clear()
+    q.reclassify("s")
+    assert [r.name for r in q] == ["a", "b"]
+
+
+def test_removing_requests_it_does_not_hold_is_harmless():
+    q = make_queue(set())
+    a = Req("a", 1, "s")
+    q.add_request(a)
+    q.remove_requests([Req("ghost", 0, "s")])
+    assert q.has_session_waiting("s") and len(q) == 1
+    q.remove_request(a)
+    assert not q and not q.has_session_waiting("s")
+
+
+# ------------------------------------------------------- sessions and tools
+def test_session_registry_is_bounded_and_keeps_first_arrival():
+    reg = SessionRegistry(max_sessions=2)
+    assert reg.observe("a", 5) == 5
+    assert reg.observe("a", 9) == 5
+    reg.observe("b", 6)
+    reg.observe("c", 7)
+    assert "a" not in reg and len(reg) == 2
+
+
+@pytest.mark.parametrize(
+    "text, name",
+    [
+        ('\n{"name": "web_search", "arguments": {"q": 1}}', "web_search"),
+        ('{ "name" :"calc"}', "calc"),
+        ("garbage", "unknown"),
+        ('{"name": ""}', "unknown"),
+    ],
+)
+def test_tool_name_from_text(text, name):
+    assert tool_name_from_text(text) == name

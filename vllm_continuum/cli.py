@@ -1,0 +1,78 @@
+"""`vllm-continuum`: the project's command line.
+
+    vllm-continuum tiny-model DIR      build the small random-weight test model
+    vllm-continuum serve MODEL [...]   start vLLM's OpenAI server with our scheduler
+    vllm-continuum demo                the tool-call pause, stock vLLM vs continuum
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_MODEL_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / (
+    "vllm-continuum/tiny-model"
+)
+
+
+def _tiny_model(args: argparse.Namespace) -> int:
+    from vllm_continuum.tiny_model import build_tiny_model
+
+    print(build_tiny_model(args.dir, force=args.force))
+    return 0
+
+
+def _serve(args: argparse.Namespace, extra: list[str]) -> int:
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
+        *([] if args.stock else ["--scheduler-cls", "continuum"]), *extra,
+    ]
+    print("+", " ".join(command), flush=True)
+    os.execv(sys.executable, command)
+    return 1  # not reached
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from vllm_continuum.demo import run_demo
+
+    return run_demo(model_dir=args.model_dir, out_dir=args.out, flavours=args.flavours)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vllm-continuum", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("tiny-model", help="write the small HF-format test model to DIR")
+    p.add_argument("dir", type=Path)
+    p.add_argument("--force", action="store_true", help="rebuild even if DIR is complete")
+    p.set_defaults(run=_tiny_model)
+
+    p = sub.add_parser(
+        "serve",
+        help="start vLLM's OpenAI server with --scheduler-cls continuum; other flags go to vLLM",
+        description="Works on the CPU build too, whose `vllm` console script is broken.",
+    )
+    p.add_argument("model")
+    p.add_argument("--stock", action="store_true", help="stock vLLM scheduler (for A/B runs)")
+    p.set_defaults(run=_serve)
+
+    p = sub.add_parser("demo", help="the tool-call pause on stock vLLM and on continuum")
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    p.add_argument("--out", type=Path, default=Path("runs/demo"), help="server logs go here")
+    p.add_argument("--flavours", nargs="+", choices=["stock", "continuum"],
+                   default=["stock", "continuum"])
+    p.set_defaults(run=_demo)
+
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "serve":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "serve":
+        return args.run(args, extra)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
