@@ -435,3 +435,15 @@ def test_mixed_traffic_ends_with_every_block_free(build):
         d.step()
     drain(d)
     assert_all_free(d)
+
+
+def test_huge_session_ids_are_keyed_by_a_digest(build):
+    d = build()
+    s = d.scheduler
+    t1 = first_turn(d, "x" * 100_000)
+    (key,) = [p.session_id for p in s.pins]
+    assert key.startswith("sha256:") and len(key) < 80
+    t2 = next_turn(t1)
+    d.add(t2, answer_script())
+    assert admitted_hit(d, t2) >= (t1.num_prompt_tokens // BLOCK_SIZE) * BLOCK_SIZE
+    assert s.continuum_stats.releases_by_reason == {"resumed": 1}

@@ -41,13 +41,12 @@ def run_demo(model_dir: Path, out_dir: Path, flavours: list[str]) -> int:
 def format_results(results: list[PauseResult]) -> str:
     rows = [
         ("server", "tool called", "turn-1 prompt", "turn-2 prompt", "turn-2 cached",
-         "reused of turn-1 full blocks"),
+         "turn-1 prompt in full blocks", "kept"),
     ]
     for r in results:
         rows.append((
             r.flavour, r.tool_called, str(r.turn1_prompt_tokens), str(r.turn2_prompt_tokens),
-            str(r.turn2_cached_tokens),
-            f"{r.turn2_cached_tokens}/{r.turn1_full_block_tokens} ({r.reuse:.0%})",
+            str(r.turn2_cached_tokens), str(r.turn1_full_block_tokens), f"{min(r.reuse, 1):.0%}",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]

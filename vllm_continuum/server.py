@@ -27,6 +27,7 @@ BLOCK_SIZE = 32
 # tool calls (a random-weight model only calls tools under guided decoding).
 CPU_SERVER_FLAGS: tuple[str, ...] = (
     "--enforce-eager",
+    "--dtype", "float32",  # on AVX2-only CPUs bf16 falls back to slow kernels
     "--block-size", "32",
     "--max-model-len", "2048",
     "--enable-prompt-tokens-details",

@@ -23,6 +23,7 @@ this file only connects it to vLLM.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 
@@ -44,6 +45,18 @@ from vllm_continuum.stats import ContinuumStats
 logger = init_logger("vllm.continuum")
 
 _MAX_TOOL_NAME_TOKENS = 64
+_MAX_SESSION_KEY_LENGTH = 128
+
+
+def session_key(request: Request) -> str | None:
+    """The session a request belongs to, as the pin machinery keys it.
+
+    Client-chosen ids can be huge; long ones are kept as a fixed-size digest.
+    """
+    session = request.session_id
+    if not session or len(session) <= _MAX_SESSION_KEY_LENGTH:
+        return session or None
+    return "sha256:" + hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class ContinuumSchedulerMixin:
@@ -77,7 +90,7 @@ class ContinuumSchedulerMixin:
                 if by_priority
                 else (lambda r: (r.arrival_time, r.request_id))
             ),
-            session_of=lambda r: r.session_id,
+            session_of=session_key,
         )
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins
@@ -144,7 +157,7 @@ class ContinuumSchedulerMixin:
             self._count_invalid_hints(request, hints, extra)
         if hints is not NO_HINTS:
             self._hints[request.request_id] = hints
-        session = request.session_id
+        session = session_key(request)
         if session is not None:
             seen_before = session in self.sessions
             self.sessions.observe(session, request.arrival_time)
@@ -161,7 +174,7 @@ class ContinuumSchedulerMixin:
             stats.resumes_by_outcome["pinned" if had_pin else "unpinned"] += 1
             stats.resume_prompt_tokens += request.num_prompt_tokens
             stats.resume_cached_tokens += num_cached_tokens
-        pin = self.pins.get(request.session_id)
+        pin = self.pins.get(session_key(request))
         if pin is not None and pin.request_id != request_id:
             # The turn's allocation touched the pinned blocks it hit: hand over.
             self._release(pin, ReleaseReason.RESUMED)
@@ -169,12 +182,12 @@ class ContinuumSchedulerMixin:
     def _lane_of(self, request: Request) -> int:
         if request.status == RequestStatus.PREEMPTED:
             return PREEMPTED
-        return PINNED if self.pins.get(request.session_id) is not None else REGULAR
+        return PINNED if self.pins.get(session_key(request)) is not None else REGULAR
 
     # ------------------------------------------------------------ finish side
     def _end_of_turn(self, request: Request, hints: Hints) -> bool:
         """Decide what a finished request means for its session; True if pinned."""
-        session = request.session_id
+        session = session_key(request)
         if session is None:
             return False
         if hints.last_turn:
@@ -228,7 +241,7 @@ class ContinuumSchedulerMixin:
             return UNKNOWN_TOOL
 
     def _pin(self, request: Request, tool: str, ttl_s: float) -> None:
-        session = request.session_id
+        session = session_key(request)
         blocks, fence = self._ledger.take(request)
         self._release_session(session, ReleaseReason.REPLACED)
         num_blocks = self._ledger.count(blocks)
