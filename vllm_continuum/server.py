@@ -28,8 +28,7 @@ BLOCK_SIZE = 32
 CPU_SERVER_FLAGS: tuple[str, ...] = (
     "--enforce-eager",
     "--dtype", "float32",  # on AVX2-only CPUs bf16 falls back to slow kernels
-    "--block-size", "32",
-    "--max-model-len", "2048",
+    "--block-size", str(BLOCK_SIZE),
     "--enable-prompt-tokens-details",
     "--enable-auto-tool-choice",
     "--tool-call-parser", "hermes",
