@@ -24,7 +24,7 @@ def live_servers(tiny_model_dir, tmp_path_factory):
     from vllm_continuum.server import flavour_server
 
     log_dir = tmp_path_factory.mktemp("server-logs")
-    env = {"CONTINUUM_DEFAULT_TTL_S": "30"}
+    env = {"CONTINUUM_TTL_POLICY": "fixed", "CONTINUUM_DEFAULT_TTL_S": "30"}
     servers = {f: flavour_server(f, tiny_model_dir, log_dir, env=env) for f in ("stock", "continuum")}
     try:
         for server in servers.values():
@@ -35,3 +35,40 @@ def live_servers(tiny_model_dir, tmp_path_factory):
     finally:
         for server in servers.values():
             server.stop()
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def async_scheduling(request) -> bool:
+    return request.param
+
+
+@pytest.fixture
+def build(tiny_model_dir, async_scheduling, monkeypatch):
+    """Build a continuum (or stock) scheduler wrapped in an auditing driver.
+
+    The mechanism is tested under the `fixed` TTL policy (a known TTL per
+    pin); tests may override any CONTINUUM_* variable before building."""
+    from harness import Driver, FakeClock, audit, make_scheduler
+
+    monkeypatch.setenv("CONTINUUM_TTL_POLICY", "fixed")
+
+    def _build(**kwargs):
+        scheduler = make_scheduler(
+            tiny_model_dir, async_scheduling=async_scheduling, **kwargs
+        )
+        if hasattr(scheduler, "pins"):
+            scheduler.clock = FakeClock()
+        driver = Driver(scheduler)
+        stock_step = driver.step
+
+        def audited_step():
+            out = stock_step()
+            audit(scheduler)
+            return out
+
+        driver.step = audited_step
+        return driver
+
+    return _build
+
+

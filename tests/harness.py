@@ -8,7 +8,7 @@ request). `audit` checks block accounting against the pool after any step.
 from __future__ import annotations
 
 import itertools
-import os
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -27,7 +27,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from vllm_continuum.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
@@ -130,9 +130,10 @@ def make_request(
     )
 
 
-def tokens(start: int, n: int) -> list[int]:
-    """n distinct prompt tokens (distinct starts give distinct block hashes)."""
-    return [100 + (start + i) % 3000 for i in range(n)]
+def tokens(seed: int, n: int) -> list[int]:
+    """n prompt tokens; distinct seeds give distinct first blocks (and hashes)."""
+    rng = random.Random(seed)
+    return [rng.randrange(100, 2300) for _ in range(n)]
 
 
 @dataclass
@@ -217,5 +218,56 @@ def audit(scheduler) -> dict[str, int]:
     return {"free": num_free, "pinned": pinned_only, "in_use": len(in_use), "pool": total}
 
 
-def is_finished_ok(request: Request) -> bool:
-    return request.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+# --- scenario helpers shared by the scheduler tests ---------------------------
+def tool_call_script(driver: Driver, name: str | None = None) -> list[int]:
+    tokenizer = driver.scheduler.structured_output_manager.tokenizer
+    body = tokenizer.encode(f'{{"name": "{name}"}}') if name else [FILLER_TOKEN]
+    return [tokenizer.get_vocab()["<tool_call>"], *body, EOS_TOKEN_ID]
+
+
+def answer_script() -> list[int]:
+    return [FILLER_TOKEN, EOS_TOKEN_ID]
+
+
+def first_turn(
+    driver: Driver, session: str, prompt_len: int = 100, start: int = 0, name=None, **kw
+):
+    request = make_request(tokens(start, prompt_len), session=session, max_tokens=32, **kw)
+    driver.add(request, tool_call_script(driver, name))
+    driver.run_until_finished(request)
+    return request
+
+
+def next_turn(first, extra: int = 40, **kw):
+    history = list(first.prompt_token_ids) + list(first.output_token_ids)
+    return make_request(history + tokens(5000, extra), session=first.session_id, **kw)
+
+
+def admitted_hit(driver: Driver, request) -> int:
+    """Step until `request` is scheduled; return its prefix hit in tokens."""
+    for _ in range(50):
+        out = driver.step()
+        for new in out.scheduled_new_reqs:
+            if new.req_id == request.request_id:
+                return new.num_computed_tokens
+    raise AssertionError("request never admitted")
+
+
+def drain(driver: Driver) -> None:
+    s = driver.scheduler
+    for _ in range(300):
+        if not s.has_requests():
+            break
+        driver.step()
+    assert not s.has_requests()
+
+
+def assert_all_free(driver: Driver) -> None:
+    s = driver.scheduler
+    from vllm_continuum.policy.pin_table import ReleaseReason
+
+    s.release_all_pins(ReleaseReason.RESET)
+    counts = audit(s)
+    assert counts["free"] == counts["pool"], counts
+
+

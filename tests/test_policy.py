@@ -17,6 +17,7 @@ from vllm_continuum.policy.sessions import SessionRegistry
 from vllm_continuum.policy.tool_calls import tool_name_from_text
 from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
 from vllm_continuum.policy.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
+from vllm_continuum.policy.workload import WorkloadModel
 
 
 # ------------------------------------------------------------------- hints
@@ -71,13 +72,20 @@ def test_parse_hints_never_raises_and_yields_sane_values(xargs):
 
 
 # --------------------------------------------------------------------- ttl
-def turn(tool="t", hint=None):
-    return TurnEnd("s", tool, num_prompt_tokens=10, num_blocks=1, hinted_ttl_s=hint)
+def turn(tool="t", hint=None, context=10):
+    return TurnEnd("s", tool, num_context_tokens=context, hinted_ttl_s=hint)
+
+
+def workload():
+    return WorkloadModel(history_limit=100, queueing_window=4, program_window=100)
 
 
 def test_fixed_policy_order_hint_tool_default_and_cap():
     policy = make_ttl_policy(
-        ContinuumConfig(default_ttl_s=2, tool_ttl_s={"slow": 50}, max_ttl_s=10)
+        ContinuumConfig(
+            ttl_policy="fixed", default_ttl_s=2, tool_ttl_s={"slow": 50}, max_ttl_s=10
+        ),
+        workload(),
     )
     assert (policy.decide(turn()).ttl_s, policy.decide(turn()).source) == (2, "default")
     assert policy.decide(turn("slow")).ttl_s == 10
@@ -86,7 +94,7 @@ def test_fixed_policy_order_hint_tool_default_and_cap():
 
 
 def test_never_policy_ignores_hints():
-    policy = make_ttl_policy(ContinuumConfig(ttl_policy="never"))
+    policy = make_ttl_policy(ContinuumConfig(ttl_policy="never"), workload())
     assert policy.decide(turn(hint=5)).ttl_s == 0
 
 
@@ -194,11 +202,32 @@ def test_removing_requests_it_does_not_hold_is_harmless():
 # ------------------------------------------------------- sessions and tools
 def test_session_registry_is_bounded_and_keeps_first_arrival():
     reg = SessionRegistry(max_sessions=2)
-    assert reg.observe("a", 5) == 5
-    assert reg.observe("a", 9) == 5
-    reg.observe("b", 6)
-    reg.observe("c", 7)
+    reg.observe_arrival("a", 5, now=0)
+    reg.observe_arrival("a", 9, now=1)
+    assert reg.first_arrival("a", default=0) == 5
+    reg.observe_arrival("b", 6, now=2)
+    reg.observe_arrival("c", 7, now=3)
     assert "a" not in reg and len(reg) == 2
+
+
+def test_tool_duration_is_next_arrival_minus_turn_end():
+    reg = SessionRegistry(max_sessions=10)
+    reg.observe_arrival("a", 0, now=10.0)
+    reg.observe_turn_end("a", now=11.0, tool="search")
+    state, measured = reg.observe_arrival("a", 0, now=13.5)
+    assert measured == ("search", 2.5) and state.turns == 1
+    assert reg.observe_arrival("a", 0, now=14)[1] is None  # measured once
+    reg.observe_turn_end("a", now=15.0, tool=None)  # a turn without a tool call
+    assert reg.observe_arrival("a", 0, now=16)[1] is None
+
+
+def test_programs_end_by_hint_or_idleness():
+    reg = SessionRegistry(max_sessions=10)
+    for session, now in [("a", 0.0), ("b", 5.0)]:
+        reg.observe_arrival(session, now, now=now)
+        reg.observe_turn_end(session, now=now + 1, tool="t")
+    assert reg.pop_idle(now=8.0, horizon_s=5) == [("a", 1)]
+    assert reg.end_program("b") == 1 and len(reg) == 0
 
 
 @pytest.mark.parametrize(

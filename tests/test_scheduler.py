@@ -1,7 +1,7 @@
 """Scheduler-level tests: vLLM's real scheduler and block pool, synthetic model.
 
-Each test runs on both scheduler variants (sync and async), and the block
-accounting is audited after every step.
+Each test runs on both scheduler variants (sync and async, see the `build`
+fixture in conftest.py), and the block accounting is audited after every step.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 from vllm.v1.request import RequestStatus
 
-from vllm_continuum.policy.pin_table import ReleaseReason
 
 from harness import (
     BLOCK_SIZE,
@@ -17,90 +16,17 @@ from harness import (
     FILLER_TOKEN,
     Driver,
     FakeClock,
+    admitted_hit,
+    answer_script,
+    assert_all_free,
     audit,
+    drain,
+    first_turn,
     make_request,
-    make_scheduler,
+    next_turn,
     tokens,
+    tool_call_script,
 )
-
-
-@pytest.fixture(params=[False, True], ids=["sync", "async"])
-def async_scheduling(request) -> bool:
-    return request.param
-
-
-@pytest.fixture
-def build(tiny_model_dir, async_scheduling):
-    """Build a continuum (or stock) scheduler wrapped in an auditing driver."""
-
-    def _build(**kwargs) -> Driver:
-        scheduler = make_scheduler(
-            tiny_model_dir, async_scheduling=async_scheduling, **kwargs
-        )
-        if hasattr(scheduler, "pins"):
-            scheduler.clock = FakeClock()
-        driver = Driver(scheduler)
-        stock_step = driver.step
-
-        def audited_step():
-            out = stock_step()
-            audit(scheduler)
-            return out
-
-        driver.step = audited_step
-        return driver
-
-    return _build
-
-
-def tool_call_script(driver: Driver, name: str | None = None) -> list[int]:
-    tokenizer = driver.scheduler.structured_output_manager.tokenizer
-    body = tokenizer.encode(f'{{"name": "{name}"}}') if name else [FILLER_TOKEN]
-    return [tokenizer.get_vocab()["<tool_call>"], *body, EOS_TOKEN_ID]
-
-
-def answer_script() -> list[int]:
-    return [FILLER_TOKEN, EOS_TOKEN_ID]
-
-
-def first_turn(
-    driver: Driver, session: str, prompt_len: int = 100, start: int = 0, name=None, **kw
-):
-    request = make_request(tokens(start, prompt_len), session=session, max_tokens=32, **kw)
-    driver.add(request, tool_call_script(driver, name))
-    driver.run_until_finished(request)
-    return request
-
-
-def next_turn(first, extra: int = 40, **kw):
-    history = list(first.prompt_token_ids) + list(first.output_token_ids)
-    return make_request(history + tokens(5000, extra), session=first.session_id, **kw)
-
-
-def admitted_hit(driver: Driver, request) -> int:
-    """Step until `request` is scheduled; return its prefix hit in tokens."""
-    for _ in range(50):
-        out = driver.step()
-        for new in out.scheduled_new_reqs:
-            if new.req_id == request.request_id:
-                return new.num_computed_tokens
-    raise AssertionError("request never admitted")
-
-
-def drain(driver: Driver) -> None:
-    s = driver.scheduler
-    for _ in range(300):
-        if not s.has_requests():
-            break
-        driver.step()
-    assert not s.has_requests()
-
-
-def assert_all_free(driver: Driver) -> None:
-    s = driver.scheduler
-    s.release_all_pins(ReleaseReason.RESET)
-    counts = audit(s)
-    assert counts["free"] == counts["pool"], counts
 
 
 # --------------------------------------------------------------------- pinning

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -33,26 +33,56 @@ class ContinuumConfig(BaseSettings):
         frozen=True,
     )
 
-    ttl_policy: Literal["fixed", "never"] = Field(
-        "fixed",
-        description="Where TTLs come from. fixed: per-tool TTL from `tool_ttl_s`, "
-        "else `default_ttl_s`. never: stock vLLM behaviour (no pins), for A/B runs.",
+    ttl_policy: Literal["continuum", "fixed", "never", "forever"] = Field(
+        "continuum",
+        description="Where TTLs come from. continuum: the paper's cost/benefit model, "
+        "learned online. fixed: `tool_ttl_s`, else `default_ttl_s`. never: no pins "
+        "(stock behaviour, for A/B runs). forever: until the next turn, the last turn "
+        "or pressure, bounded by `max_ttl_s`.",
     )
-    default_ttl_s: float = Field(2.0, ge=0, description="TTL of a tool without its own entry.")
+    default_ttl_s: float = Field(2.0, ge=0, description="fixed: TTL of a tool without its own entry.")
     tool_ttl_s: dict[str, float] = Field(
-        default_factory=dict, description="Per-tool TTL in seconds, by tool name."
+        default_factory=dict, description="fixed: per-tool TTL in seconds, by tool name."
     )
     max_ttl_s: float = Field(
         30.0, ge=0, description="Upper bound on every TTL, hints included."
     )
-    pressure_policy: Literal["yield"] = Field(
+    pressure_policy: Literal["yield", "hold"] = Field(
         "yield",
         description="yield: a waiting request that cannot be admitted because "
         "blocks are pinned gets them; pins are released, latest-arriving "
-        "session first, until it fits.",
+        "session first, until it fits. hold (the paper's): pins under the cap are "
+        "kept while other work runs; released only when nothing runs and the "
+        "queue head cannot be admitted. Both release pins before any preemption.",
     )
     max_pinned_fraction: float = Field(
         0.5, gt=0, le=1, description="Cap on pinned blocks as a fraction of the KV pool."
+    )
+    cold_start_samples: int = Field(
+        100, ge=0, description="continuum: K, samples needed before a CDF is trusted."
+    )
+    duration_history: int = Field(
+        1000, ge=1, description="continuum: newest tool durations kept per tool."
+    )
+    queueing_window: int = Field(
+        256, ge=1, description="continuum: turns averaged for T, the queueing delay."
+    )
+    program_window: int = Field(
+        1000, ge=1, description="continuum: finished programs used for eta."
+    )
+    program_idle_horizon_s: float = Field(
+        600.0, gt=0, description="A session idle this long counts as a finished program."
+    )
+    prefill_profile: str | None = Field(
+        None,
+        description="continuum: YAML written by `vllm-continuum profile`; "
+        "without it, a documented default reload cost.",
+    )
+    tool_call_patterns: list[str] = Field(
+        default_factory=list,
+        description="Regexes with one group (the tool name), searched in a finished "
+        "output's text when it has no tool-call token, e.g. the first word of a "
+        "fenced shell block.",
     )
     tool_call_token: str = Field(
         "<tool_call>",
@@ -65,6 +95,27 @@ class ContinuumConfig(BaseSettings):
     max_tracked_sessions: int = Field(
         100_000, ge=1, description="Sessions remembered for arrival order (LRU)."
     )
+
+    @field_validator("tool_call_patterns")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        import re
+
+        for pattern in value:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid regex {pattern!r}: {exc}") from exc
+            if compiled.groups != 1:
+                raise ValueError(f"{pattern!r} must have exactly one group (the tool name)")
+        return value
+
+    @field_validator("prefill_profile")
+    @classmethod
+    def _profile_exists(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_file():
+            raise ValueError(f"{value!r} is not a file (write one with `vllm-continuum profile`)")
+        return value
 
     @field_validator("tool_ttl_s")
     @classmethod
@@ -89,8 +140,14 @@ class ContinuumConfig(BaseSettings):
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
         return tuple(sources)
 
-    def ttl_cap(self, ttl_s: float) -> float:
-        return min(ttl_s, self.max_ttl_s)
+    @model_validator(mode="after")
+    def _history_outgrows_cold_start(self) -> ContinuumConfig:
+        if self.duration_history <= self.cold_start_samples:
+            raise ValueError(
+                f"duration_history ({self.duration_history}) must exceed cold_start_samples "
+                f"({self.cold_start_samples}), or a tool's own CDF would never be used"
+            )
+        return self
 
 
 class ConfigError(RuntimeError):

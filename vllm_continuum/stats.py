@@ -19,10 +19,18 @@ class ContinuumStats:
     resume_cached_tokens: int = 0
     invalid_hints: int = 0
     pins_refused_by_cap: int = 0
+    # Recent events, newest last (bounded: the oldest half goes when full).
     ttl_decisions: list[tuple[str, float, str]] = field(default_factory=list)
-    max_kept_decisions: int = 1000
+    tool_durations: list[tuple[str, float]] = field(default_factory=list)
+    max_kept_events: int = 1000
 
     def record_ttl(self, tool: str, ttl_s: float, source: str) -> None:
-        if len(self.ttl_decisions) >= self.max_kept_decisions:
-            del self.ttl_decisions[: self.max_kept_decisions // 2]
-        self.ttl_decisions.append((tool, ttl_s, source))
+        self._keep(self.ttl_decisions, (tool, ttl_s, source))
+
+    def record_tool_duration(self, tool: str, seconds: float) -> None:
+        self._keep(self.tool_durations, (tool, seconds))
+
+    def _keep(self, events: list, event: tuple) -> None:
+        if len(events) >= self.max_kept_events:
+            del events[: self.max_kept_events // 2]
+        events.append(event)

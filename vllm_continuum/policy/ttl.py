@@ -6,15 +6,27 @@ means do not pin). Every policy shares the same envelope: a client's
 `continuum_ttl_s` hint wins over the policy's own choice, and `max_ttl_s`
 caps everything, so no client and no model can hold memory longer than the
 operator allows.
+
+`ContinuumTTLPolicy` is the paper's Eq. 2. Pinning r for tau seconds costs
+MemUsage(r)/M * tau and, if the tool returns within tau (probability
+P(tau, f), the tool's empirical CDF), saves MemUsage(r)/M * (T * eta +
+PrefillReload(r)). MemUsage/M cancels, leaving
+
+    tau* = argmax over tau in {0} U {recorded durations of f} of
+           P(tau, f) * B - tau,    B = T * eta + PrefillReload(r).
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from vllm_continuum.config import ContinuumConfig
+from vllm_continuum.policy.prefill_profile import PrefillProfile
+from vllm_continuum.policy.workload import WorkloadModel
 
 
 @dataclass(frozen=True)
@@ -23,15 +35,14 @@ class TurnEnd:
 
     session_id: str
     tool: str
-    num_prompt_tokens: int
-    num_blocks: int
+    num_context_tokens: int  # what the next turn would prefill again without a pin
     hinted_ttl_s: float | None = None
 
 
 @dataclass(frozen=True)
 class TTLDecision:
     ttl_s: float
-    source: str  # "hint", "tool", "default", "never", ... (logged and tested)
+    source: str  # "hint", "cold start", "tool CDF", ... (logged and tested)
 
 
 class TTLPolicy(ABC):
@@ -54,8 +65,6 @@ class TTLPolicy(ABC):
     def choose(self, turn: TurnEnd) -> TTLDecision:
         """The policy's own TTL, before hints and the cap."""
 
-    def observe_tool_duration(self, tool: str, seconds: float) -> None:
-        """Learn from a measured tool duration (policies that learn override this)."""
 
 
 class FixedTTLPolicy(TTLPolicy):
@@ -86,7 +95,84 @@ class NeverTTLPolicy(TTLPolicy):
         return TTLDecision(0.0, "never")
 
 
-def make_ttl_policy(config: ContinuumConfig) -> TTLPolicy:
+class ForeverTTLPolicy(TTLPolicy):
+    """Pin until the next turn, the last turn or pressure (bounded by max_ttl_s)."""
+
+    name = "forever"
+
+    def choose(self, turn: TurnEnd) -> TTLDecision:
+        return TTLDecision(math.inf, "forever")
+
+
+def optimal_ttl(sorted_durations: Sequence[float], benefit_s: float) -> float:
+    """tau* = argmax over tau in {0} U durations of P(tau) * benefit - tau.
+
+    One pass over the sorted durations; ties go to the shorter TTL. Durations
+    beyond the benefit cannot win (their value is negative), so the scan
+    stops there.
+    """
+    n = len(sorted_durations)
+    if n == 0 or benefit_s <= 0:
+        return 0.0
+    best_tau = 0.0
+    best_value = bisect.bisect_right(sorted_durations, 0.0) / n * benefit_s
+    i = 0
+    while i < n:
+        tau = sorted_durations[i]
+        if tau >= benefit_s:
+            break
+        i = bisect.bisect_right(sorted_durations, tau, lo=i)  # P(tau) counts ties
+        value = i / n * benefit_s - tau
+        if value > best_value:
+            best_tau, best_value = tau, value
+    return best_tau
+
+
+def exp1_ttl(benefit_s: float) -> float:
+    """The optimum if durations were Exp(1): ln(B) when B > 1 s, else 0."""
+    return math.log(benefit_s) if benefit_s > 1.0 else 0.0
+
+
+class ContinuumTTLPolicy(TTLPolicy):
+    """The paper's cost/benefit TTL, learned online from the server's own traffic."""
+
+    name = "continuum"
+
+    def __init__(
+        self,
+        workload: WorkloadModel,
+        profile: PrefillProfile,
+        cold_start_samples: int,
+        max_ttl_s: float,
+    ) -> None:
+        super().__init__(max_ttl_s)
+        self.workload = workload
+        self.profile = profile
+        self.k = cold_start_samples
+
+    def benefit_s(self, turn: TurnEnd, eta: float) -> float:
+        reload = self.profile.seconds(turn.num_context_tokens)
+        return max(0.0, self.workload.mean_queueing_delay_s * eta + reload)
+
+    def choose(self, turn: TurnEnd) -> TTLDecision:
+        durations = self.workload.durations
+        if durations.num_samples <= self.k:
+            return TTLDecision(exp1_ttl(self.benefit_s(turn, eta=1.0)), "cold start")
+        benefit = self.benefit_s(turn, self.workload.eta)
+        history = durations.of(turn.tool)
+        if history is None or len(history) <= self.k:
+            return TTLDecision(optimal_ttl(durations.all_tools.sorted, benefit), "global CDF")
+        return TTLDecision(optimal_ttl(history.sorted, benefit), "tool CDF")
+
+
+def make_ttl_policy(config: ContinuumConfig, workload: WorkloadModel) -> TTLPolicy:
     if config.ttl_policy == "never":
         return NeverTTLPolicy(config.max_ttl_s)
-    return FixedTTLPolicy(config.default_ttl_s, config.tool_ttl_s, config.max_ttl_s)
+    if config.ttl_policy == "forever":
+        return ForeverTTLPolicy(config.max_ttl_s)
+    if config.ttl_policy == "fixed":
+        return FixedTTLPolicy(config.default_ttl_s, config.tool_ttl_s, config.max_ttl_s)
+    profile = (
+        PrefillProfile.load(config.prefill_profile) if config.prefill_profile else PrefillProfile()
+    )
+    return ContinuumTTLPolicy(workload, profile, config.cold_start_samples, config.max_ttl_s)

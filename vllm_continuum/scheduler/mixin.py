@@ -35,9 +35,11 @@ from vllm_continuum.compat import check_vllm_version
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.policy.hints import NO_HINTS, Hints, parse_hints
 from vllm_continuum.policy.pin_table import Pin, PinTable, ReleaseReason
+from vllm_continuum.policy.pressure import may_release_pins
 from vllm_continuum.policy.sessions import SessionRegistry
-from vllm_continuum.policy.tool_calls import UNKNOWN_TOOL, tool_name_from_text
+from vllm_continuum.policy.tool_calls import UNKNOWN_TOOL, ToolCallReader
 from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
+from vllm_continuum.policy.workload import WorkloadModel
 from vllm_continuum.policy.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
 from vllm_continuum.scheduler.blocks import BlockLedger
 from vllm_continuum.stats import ContinuumStats
@@ -66,13 +68,17 @@ class ContinuumSchedulerMixin:
         super().__init__(*args, **kwargs)
         cfg = self.continuum_config
         self.clock: Callable[[], float] = time.monotonic
-        self.ttl_policy = make_ttl_policy(cfg)
+        self.workload = WorkloadModel(
+            cfg.duration_history, cfg.queueing_window, cfg.program_window
+        )
+        self.ttl_policy = make_ttl_policy(cfg, self.workload)
         self.pins = PinTable()
         self.sessions = SessionRegistry(cfg.max_tracked_sessions)
         self.continuum_stats = ContinuumStats()
         self._ledger = BlockLedger(self)
         self._hints: dict[str, Hints] = {}
-        self._resuming: dict[str, bool] = {}  # request id -> its session had a pin
+        # Turns of sessions seen before: request id -> (its session had a pin, arrival).
+        self._resuming: dict[str, tuple[bool, float]] = {}
         self._warned_hints: set[str] = set()
         # Sessions whose lane changed while vLLM was between peek and pop of
         # the waiting queue: re-sorted only once schedule() is done.
@@ -80,17 +86,12 @@ class ContinuumSchedulerMixin:
         self._lane_changes: set[str] = set()
         self._tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
         self._tool_call_token_id = self._resolve_tool_call_token(cfg.tool_call_token)
+        self._tool_calls = ToolCallReader(cfg.tool_call_patterns)
 
         assert not self.waiting, "the waiting queue is replaced before any request"
-        by_priority = self.policy == SchedulingPolicy.PRIORITY
+        self._by_priority = self.policy == SchedulingPolicy.PRIORITY
         self.waiting = LaneQueue(
-            lane_of=self._lane_of,
-            key_of=(
-                (lambda r: (r.priority, r.arrival_time, r.request_id))
-                if by_priority
-                else (lambda r: (r.arrival_time, r.request_id))
-            ),
-            session_of=session_key,
+            lane_of=self._lane_of, key_of=self._queue_key, session_of=session_key
         )
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins
@@ -109,6 +110,7 @@ class ContinuumSchedulerMixin:
     def add_request(self, request: Request) -> None:
         self._release_expired()
         if request.request_id not in self.requests:
+            self._end_idle_programs()
             self._on_arrival(request)
         super().add_request(request)
 
@@ -158,18 +160,31 @@ class ContinuumSchedulerMixin:
         if hints is not NO_HINTS:
             self._hints[request.request_id] = hints
         session = session_key(request)
-        if session is not None:
-            seen_before = session in self.sessions
-            self.sessions.observe(session, request.arrival_time)
-            if seen_before:
-                self._resuming[request.request_id] = self.pins.get(session) is not None
+        if session is None:
+            return
+        now = self.clock()
+        state, measured = self.sessions.observe_arrival(session, request.arrival_time, now)
+        if measured is not None:
+            tool, seconds = measured
+            self.workload.durations.add(tool, seconds)
+            self.continuum_stats.record_tool_duration(tool, seconds)
+        if state.turns > 0:
+            self._resuming[request.request_id] = (self.pins.get(session) is not None, now)
+
+    def _end_idle_programs(self) -> None:
+        horizon = self.continuum_config.program_idle_horizon_s
+        for _, turns in self.sessions.pop_idle(self.clock(), horizon):
+            self.workload.programs.add(turns)
 
     def _on_admitted(self, request_id: str, num_cached_tokens: int) -> None:
         request = self.requests.get(request_id)
         if request is None:
             return
-        had_pin = self._resuming.pop(request_id, None)
-        if had_pin is not None:
+        resuming = self._resuming.pop(request_id, None)
+        if resuming is not None:
+            had_pin, arrived = resuming
+            if not had_pin:  # T: what turns that lost their cache waited
+                self.workload.queueing.add(self.clock() - arrived)
             stats = self.continuum_stats
             stats.resumes_by_outcome["pinned" if had_pin else "unpinned"] += 1
             stats.resume_prompt_tokens += request.num_prompt_tokens
@@ -178,6 +193,12 @@ class ContinuumSchedulerMixin:
         if pin is not None and pin.request_id != request_id:
             # The turn's allocation touched the pinned blocks it hit: hand over.
             self._release(pin, ReleaseReason.RESUMED)
+
+    def _queue_key(self, request: Request) -> tuple:
+        """Program-level FCFS: by the session's first arrival, then the request's."""
+        program = self.sessions.first_arrival(session_key(request), request.arrival_time)
+        key = (program, request.arrival_time, request.request_id)
+        return (request.priority, *key) if self._by_priority else key
 
     def _lane_of(self, request: Request) -> int:
         if request.status == RequestStatus.PREEMPTED:
@@ -190,12 +211,15 @@ class ContinuumSchedulerMixin:
         session = session_key(request)
         if session is None:
             return False
-        if hints.last_turn:
-            self._release_session(session, ReleaseReason.LAST_TURN)
-            return False
         # A stop string also ends a turn as FINISHED_ABORTED (the front end
         # aborts it), so an abort with output is judged by that output.
         tool = self._tool_called(request, hints) if request.num_output_tokens else None
+        if request.num_output_tokens:
+            self.sessions.observe_turn_end(session, self.clock(), tool)
+        if hints.last_turn:
+            self._release_session(session, ReleaseReason.LAST_TURN)
+            self.workload.programs.add(self.sessions.end_program(session))
+            return False
         if tool is None:
             if request.status == RequestStatus.FINISHED_ABORTED:
                 self._release_session(session, ReleaseReason.ABORTED)
@@ -203,8 +227,7 @@ class ContinuumSchedulerMixin:
         turn = TurnEnd(
             session_id=session,
             tool=tool,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_blocks=0,
+            num_context_tokens=request.num_tokens,
             hinted_ttl_s=hints.ttl_s,
         )
         decision = self.ttl_policy.decide(turn)
@@ -219,26 +242,27 @@ class ContinuumSchedulerMixin:
         return True
 
     def _tool_called(self, request: Request, hints: Hints) -> str | None:
+        """The tool this finished turn called, or None if it called none."""
         if hints.tool is not None:
             return hints.tool
+        output = list(request.output_token_ids)
         token_id = self._tool_call_token_id
-        if token_id is None:
-            return None
-        output = request.output_token_ids
-        try:
-            start = list(output).index(token_id)
-        except ValueError:
-            return None
-        return self._decode_tool_name(output[start + 1 : start + 1 + _MAX_TOOL_NAME_TOKENS])
+        if token_id is not None and token_id in output:
+            start = output.index(token_id) + 1
+            text = self._decode(output[start : start + _MAX_TOOL_NAME_TOKENS])
+            return self._tool_calls.name_after_token(text) if text else UNKNOWN_TOOL
+        if self._tool_calls.has_patterns:
+            return self._tool_calls.match(self._decode(output))
+        return None
 
-    def _decode_tool_name(self, token_ids) -> str:
+    def _decode(self, token_ids: list[int]) -> str:
         if self._tokenizer is None:
-            return UNKNOWN_TOOL
+            return ""
         try:
-            return tool_name_from_text(self._tokenizer.decode(list(token_ids)))
+            return self._tokenizer.decode(token_ids)
         except Exception:  # a tokenizer quirk must never fail a request
-            logger.debug("continuum: could not decode a tool call", exc_info=True)
-            return UNKNOWN_TOOL
+            logger.debug("continuum: could not decode a finished output", exc_info=True)
+            return ""
 
     def _pin(self, request: Request, tool: str, ttl_s: float) -> None:
         session = session_key(request)
@@ -313,12 +337,16 @@ class ContinuumSchedulerMixin:
 
     def _allocate_slots_or_release_pins(self, request: Request, *args, **kwargs):
         """vLLM's allocate_slots, but an allocation that fails for lack of blocks
-        releases pins (latest-arriving program first) and retries, before vLLM
-        preempts or stops admitting. If even that fails, the pins are restored:
-        nothing is released for nothing."""
+        releases pins (latest-arriving program first, as the pressure policy
+        allows) and retries, before vLLM preempts or stops admitting. If even
+        that fails, the pins are restored: nothing is released for nothing."""
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
         if blocks is not None or not self.pins:
             return blocks
+        running = request.status == RequestStatus.RUNNING
+        policy = self.continuum_config.pressure_policy
+        if not may_release_pins(policy, running, anything_running=bool(self.running)):
+            return None
         hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
         hit_ids = self._ledger.block_ids(hit)
         released: list[Pin] = []

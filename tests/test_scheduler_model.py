@@ -1,0 +1,178 @@
+"""The TTL model and Algorithm 1 wired into vLLM's scheduler: measured tool
+durations, T and eta, tool names read in the engine, program-level order,
+and the `hold` pressure policy with its deadlock guard."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm.v1.request import RequestStatus
+
+from harness import (
+    BLOCK_SIZE,
+    EOS_TOKEN_ID,
+    FILLER_TOKEN,
+    admitted_hit,
+    answer_script,
+    first_turn,
+    make_request,
+    next_turn,
+    tokens,
+)
+
+
+def encode(driver, text: str) -> list[int]:
+    return driver.scheduler.structured_output_manager.tokenizer.encode(text)
+
+
+def tool_token(driver) -> int:
+    return driver.scheduler.structured_output_manager.tokenizer.get_vocab()["<tool_call>"]
+
+
+@pytest.mark.parametrize(
+    "body, tool",
+    [
+        ('{"name": "web_search", "arguments": {"q": "x"}}', "web_search"),
+        ('{"name": "calc", "argum', "calc"),  # cut off mid-JSON (max_tokens)
+        ('{"nam": "calc"}', "unknown"),  # malformed
+        ("not json at all", "unknown"),
+        ("", "unknown"),
+    ],
+)
+def test_tool_name_is_read_in_the_engine(build, body, tool):
+    d = build()
+    turn = make_request(tokens(0, 64), session="A", max_tokens=64)
+    d.add(turn, [tool_token(d), *encode(d, body), EOS_TOKEN_ID])
+    d.run_until_finished(turn)
+    assert d.scheduler.pins.get("A").tool == tool
+
+
+def test_the_hint_overrides_the_parsed_name(build):
+    d = build()
+    turn = make_request(tokens(0, 64), session="A", max_tokens=64, xargs={"continuum_tool": "mine"})
+    d.add(turn, [tool_token(d), *encode(d, '{"name": "theirs"}'), EOS_TOKEN_ID])
+    d.run_until_finished(turn)
+    assert d.scheduler.pins.get("A").tool == "mine"
+
+
+def test_configured_patterns_recognise_plain_text_tool_calls(build, monkeypatch):
+    monkeypatch.setenv("CONTINUUM_TOOL_CALL_PATTERNS", json.dumps([r"```bash\s*\n\s*(\w+)"]))
+    d = build()
+    shell = make_request(tokens(0, 64), session="A", max_tokens=64)
+    d.add(shell, [*encode(d, "Let me look.\n```bash\nls -la\n```"), EOS_TOKEN_ID])
+    plain = make_request(tokens(900, 64), session="B", max_tokens=64)
+    d.add(plain, [*encode(d, "All done, no command."), EOS_TOKEN_ID])
+    d.run_until_finished(shell, plain)
+    assert d.scheduler.pins.get("A").tool == "ls"
+    assert d.scheduler.pins.get("B") is None
+
+
+def test_tool_durations_t_and_eta_are_measured(build):
+    d = build()
+    s = d.scheduler
+    t1 = first_turn(d, "A", name="search")
+    s.clock.advance(1.25)  # the tool runs
+    t2 = next_turn(t1)
+    d.add(t2, answer_script())
+    admitted_hit(d, t2)
+    assert s.workload.durations.of("search").sorted == [pytest.approx(1.25)]
+
+    # B's pin expires before its next turn: that turn's queueing delay is T.
+    u1 = first_turn(d, "B", start=3000, name="search")
+    s.clock.advance(60)
+    u2 = next_turn(u1, xargs={"continuum_last_turn": 1})
+    d.add(u2, answer_script())
+    assert len(s.workload.queueing) == 0
+    admitted_hit(d, u2)
+    assert len(s.workload.queueing) == 1
+    assert s.continuum_stats.resumes_by_outcome == {"pinned": 1, "unpinned": 1}
+    d.run_until_finished(u2)
+    assert len(s.workload.programs) == 1  # B ended with its last-turn hint: 2 turns
+    assert s.workload.programs._programs[0] == 2
+
+
+def test_idle_sessions_count_as_finished_programs(build, monkeypatch):
+    monkeypatch.setenv("CONTINUUM_PROGRAM_IDLE_HORIZON_S", "100")
+    d = build()
+    s = d.scheduler
+    first_turn(d, "A")
+    s.clock.advance(101)
+    d.add(make_request(tokens(5000, 16)))
+    assert list(s.workload.programs._programs) == [1]
+
+
+def test_continuum_policy_decides_by_the_measured_cdf(build, monkeypatch, tmp_path):
+    """Past K samples, a tool that returns fast is pinned for its duration and
+    one that takes far longer than a reload is worth is not pinned."""
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("c0: 2.0\nc1: 0.0\nc2: 0.0\n")  # reload costs 2 s, whatever the length
+    monkeypatch.setenv("CONTINUUM_TTL_POLICY", "continuum")
+    monkeypatch.setenv("CONTINUUM_COLD_START_SAMPLES", "2")
+    monkeypatch.setenv("CONTINUUM_PREFILL_PROFILE", str(profile))
+    d = build()
+    s = d.scheduler
+    for i, (tool, pause) in enumerate([("fast", 0.2), ("slow", 20.0)] * 3):
+        t1 = first_turn(d, f"S{i}", start=400 * i, name=tool)
+        s.clock.advance(pause)
+        t2 = next_turn(t1, xargs={"continuum_last_turn": 1})
+        d.add(t2, answer_script())
+        d.run_until_finished(t2)
+    first_turn(d, "probe-fast", start=9000, name="fast")
+    first_turn(d, "probe-slow", start=9500, name="slow")
+    decisions = s.continuum_stats.ttl_decisions[-2:]
+    assert decisions[0] == ("fast", pytest.approx(0.2), "tool CDF")
+    assert decisions[1] == ("slow", 0.0, "tool CDF")
+    assert s.pins.get("probe-fast") is not None and s.pins.get("probe-slow") is None
+
+
+def test_program_level_fcfs(build, monkeypatch):
+    """Without pins, an older program's later turn goes before a newer
+    program's first request (then arrival order)."""
+    monkeypatch.setenv("CONTINUUM_TTL_POLICY", "never")
+    d = build(max_num_seqs=1)
+    s = d.scheduler
+    a1 = make_request(tokens(0, 32), session="A", max_tokens=2, arrival=1.0)
+    d.add(a1)
+    d.run_until_finished(a1)
+    busy = make_request(tokens(3000, 32), max_tokens=6, arrival=2.0)
+    d.add(busy)
+    d.step()
+    b1 = make_request(tokens(4000, 32), session="B", max_tokens=2, arrival=3.0)
+    loner = make_request(tokens(5000, 32), max_tokens=2, arrival=3.5)
+    a2 = make_request(tokens(0, 40), session="A", max_tokens=2, arrival=4.0)
+    for r in (b1, loner, a2):
+        d.add(r)
+    assert [r.request_id for r in s.waiting] == [a2.request_id, b1.request_id, loner.request_id]
+
+
+def _pressure_state(build, monkeypatch, policy: str):
+    """A pin, a long-running request, and a newcomer that fits only if the
+    pin goes."""
+    monkeypatch.setenv("CONTINUUM_PRESSURE_POLICY", policy)
+    d = build(num_blocks=41)
+    first_turn(d, "A", prompt_len=300)  # ~20 blocks pinned
+    runner = make_request(tokens(2000, 100), max_tokens=40)  # 7 -> 9 blocks, runs a while
+    d.add(runner)
+    d.step()
+    newcomer = make_request(tokens(6000, 350), max_tokens=2)  # 22 blocks: > 21 free without the pin
+    d.add(newcomer)
+    d.step()
+    return d, runner, newcomer
+
+
+def test_yield_admits_the_newcomer_at_once(build, monkeypatch):
+    d, runner, newcomer = _pressure_state(build, monkeypatch, "yield")
+    assert newcomer.status == RequestStatus.RUNNING or newcomer.is_finished()
+    assert d.scheduler.continuum_stats.releases_by_reason == {"pressure": 1}
+
+
+def test_hold_keeps_the_pin_while_work_runs_then_the_guard_admits(build, monkeypatch):
+    d, runner, newcomer = _pressure_state(build, monkeypatch, "hold")
+    s = d.scheduler
+    assert newcomer.status == RequestStatus.WAITING and s.pins.get("A") is not None
+    d.run_until_finished(runner)
+    assert s.pins.get("A") is not None  # still held: it was under the cap
+    d.step()  # nothing runs: the deadlock guard releases the pin
+    assert newcomer.status == RequestStatus.RUNNING or newcomer.is_finished()
+    assert s.continuum_stats.releases_by_reason == {"pressure": 1}

@@ -1,0 +1,72 @@
+"""PrefillReload(r): seconds to prefill a context again, from a fitted profile.
+
+Prefill time grows about quadratically with context length (attention), so
+the profile is t(n) = c0 + c1 n + c2 n², fitted by `vllm-continuum profile`
+on the server's own model and hardware. Without a profile the default below
+is used: an 8B model on one H100-class GPU, roughly 10k prefill tokens/s,
+rounded down, so that with no profile the model pins less rather than more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass(frozen=True)
+class PrefillProfile:
+    c0: float = 0.005
+    c1: float = 8e-5
+    c2: float = 1e-9
+    source: str = "default (8B model on one H100-class GPU, not measured here)"
+    points: list[tuple[int, float]] = field(default_factory=list, compare=False)
+
+    def seconds(self, num_tokens: int) -> float:
+        n = max(0, num_tokens)
+        return max(0.0, self.c0 + self.c1 * n + self.c2 * n * n)
+
+    @classmethod
+    def fit(cls, points: list[tuple[int, float]], source: str) -> PrefillProfile:
+        """Least-squares quadratic through (tokens, seconds) points."""
+        import numpy as np
+
+        if len({n for n, _ in points}) < 3:
+            raise ValueError("a quadratic fit needs at least 3 distinct context lengths")
+        x = np.array([n for n, _ in points], dtype=float)
+        y = np.array([t for _, t in points], dtype=float)
+        c2, c1, c0 = np.polyfit(x, y, 2)
+        return cls(float(c0), float(c1), float(c2), source, sorted(points))
+
+    def fit_error(self) -> tuple[float, float]:
+        """(RMSE in seconds, mean relative error) of the fit on its own points."""
+        if not self.points:
+            return 0.0, 0.0
+        errs = [(self.seconds(n) - t) for n, t in self.points]
+        rmse = (sum(e * e for e in errs) / len(errs)) ** 0.5
+        rel = sum(abs(e) / max(t, 1e-9) for e, (_, t) in zip(errs, self.points)) / len(errs)
+        return rmse, rel
+
+    def save(self, path: Path) -> None:
+        rmse, rel = self.fit_error()
+        data = {
+            "model": "t(n) = c0 + c1*n + c2*n^2 seconds, n = context tokens",
+            "c0": self.c0, "c1": self.c1, "c2": self.c2,
+            "source": self.source,
+            "fit_rmse_s": rmse, "fit_mean_relative_error": rel,
+            "points": [[n, t] for n, t in self.points],
+        }
+        Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+
+    @classmethod
+    def load(cls, path: Path | str) -> PrefillProfile:
+        data = yaml.safe_load(Path(path).read_text())
+        try:
+            return cls(
+                float(data["c0"]), float(data["c1"]), float(data["c2"]),
+                str(data.get("source", path)),
+                [(int(n), float(t)) for n, t in data.get("points", [])],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: not a prefill profile (needs c0, c1, c2): {exc}") from exc
