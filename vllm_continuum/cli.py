@@ -3,6 +3,7 @@
     vllm-continuum tiny-model DIR      build the small random-weight test model
     vllm-continuum serve MODEL [...]   start vLLM's OpenAI server with our scheduler
     vllm-continuum demo                the tool-call pause, stock vLLM vs continuum
+    vllm-continuum profile --url URL   measure prefill time vs context length (TTL model input)
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(model_dir=args.model_dir, out_dir=args.out, flavours=args.flavours)
 
 
+def _profile(args: argparse.Namespace) -> int:
+    from vllm_continuum.profile import run
+
+    return run(args.url, args.out, args.lengths, args.repeats)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllm-continuum", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flavours", nargs="+", choices=["stock", "continuum"],
                    default=["stock", "continuum"])
     p.set_defaults(run=_demo)
+
+    p = sub.add_parser("profile", help="measure prefill time against context length on a server")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the vLLM server")
+    p.add_argument("--out", type=Path, default=Path("prefill_profile.yaml"))
+    p.add_argument("--lengths", type=int, nargs="+", help="context lengths (default: doubling)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.set_defaults(run=_profile)
 
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "serve":

@@ -92,6 +92,11 @@ class ContinuumConfig(BaseSettings):
     max_hint_tool_name_length: int = Field(
         128, ge=1, description="Longer `continuum_tool` hints are ignored as invalid."
     )
+    log_level: Literal["DEBUG", "INFO", "WARNING"] | None = Field(
+        None,
+        description="Level of the vllm.continuum logger (DEBUG logs every TTL decision); "
+        "None follows vLLM's.",
+    )
     max_tracked_sessions: int = Field(
         100_000, ge=1, description="Sessions remembered for arrival order (LRU)."
     )

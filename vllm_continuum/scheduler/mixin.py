@@ -24,6 +24,7 @@ this file only connects it to vLLM.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -61,12 +62,31 @@ def session_key(request: Request) -> str | None:
     return "sha256:" + hashlib.sha256(session.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _set_log_level(level: str | None) -> None:
+    """vLLM's handler filters at VLLM_LOGGING_LEVEL; a finer level for our
+    logger alone gets its own handler, with vLLM's format."""
+    if level is None:
+        return
+    logger.setLevel(level)
+    parent = logging.getLogger("vllm")
+    if (
+        not logger.handlers
+        and parent.handlers
+        and all(h.level > logger.level for h in parent.handlers)
+    ):
+        handler = logging.StreamHandler()
+        handler.setFormatter(parent.handlers[0].formatter)
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
 class ContinuumSchedulerMixin:
     def __init__(self, *args, **kwargs) -> None:
         check_vllm_version()
         self.continuum_config: ContinuumConfig = load_config()
         super().__init__(*args, **kwargs)
         cfg = self.continuum_config
+        _set_log_level(cfg.log_level)
         self.clock: Callable[[], float] = time.monotonic
         self.workload = WorkloadModel(
             cfg.duration_history, cfg.queueing_window, cfg.program_window
