@@ -146,7 +146,18 @@ class ContinuumSchedulerMixin:
             self._lane_changes.clear()
         for new_req in output.scheduled_new_reqs:
             self._on_admitted(new_req.req_id, new_req.num_computed_tokens)
+        self._publish()
         return output
+
+    def update_from_output(self, *args, **kwargs):
+        outputs = super().update_from_output(*args, **kwargs)
+        self._publish()
+        return outputs
+
+    def finish_requests(self, *args, **kwargs):
+        finished = super().finish_requests(*args, **kwargs)
+        self._publish()
+        return finished
 
     def _free_request_blocks(self, request: Request) -> None:
         if request.is_finished():
@@ -159,11 +170,23 @@ class ContinuumSchedulerMixin:
     def reset_prefix_cache(self, *args, **kwargs) -> bool:
         # Pinned blocks are referenced, and a referenced block fails the reset.
         self.release_all_pins(ReleaseReason.RESET)
+        self._publish()
         return super().reset_prefix_cache(*args, **kwargs)
 
     def shutdown(self) -> None:
         self.release_all_pins(ReleaseReason.RESET)
+        self._publish()
         super().shutdown()
+
+    def _publish(self) -> None:
+        """Offer the current state to the metrics exporter (it rate-limits)."""
+        self.continuum_stats.publish(
+            pins=self.pins,
+            pool_size=self._ledger.pool_size,
+            now=self.clock(),
+            idle=not self.has_requests(),
+            held=self.waiting.has_session_waiting,
+        )
 
     # ----------------------------------------------------------- public API
     def release_all_pins(self, reason: ReleaseReason) -> None:
@@ -187,7 +210,7 @@ class ContinuumSchedulerMixin:
         if measured is not None:
             tool, seconds = measured
             self.workload.durations.add(tool, seconds)
-            self.continuum_stats.record_tool_duration(tool, seconds)
+            self.continuum_stats.on_tool_duration(tool, seconds)
         if state.turns > 0:
             self._resuming[request.request_id] = (self.pins.get(session) is not None, now)
 
@@ -205,10 +228,7 @@ class ContinuumSchedulerMixin:
             had_pin, arrived = resuming
             if not had_pin:  # T: what turns that lost their cache waited
                 self.workload.queueing.add(self.clock() - arrived)
-            stats = self.continuum_stats
-            stats.resumes_by_outcome["pinned" if had_pin else "unpinned"] += 1
-            stats.resume_prompt_tokens += request.num_prompt_tokens
-            stats.resume_cached_tokens += num_cached_tokens
+            self.continuum_stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens)
         pin = self.pins.get(session_key(request))
         if pin is not None and pin.request_id != request_id:
             # The turn's allocation touched the pinned blocks it hit: hand over.
@@ -251,7 +271,7 @@ class ContinuumSchedulerMixin:
             hinted_ttl_s=hints.ttl_s,
         )
         decision = self.ttl_policy.decide(turn)
-        self.continuum_stats.record_ttl(tool, decision.ttl_s, decision.source)
+        self.continuum_stats.on_ttl_decision(tool, decision.ttl_s, decision.source)
         logger.debug(
             "continuum: session=%s tool=%s ttl=%.3fs source=%s",
             session, tool, decision.ttl_s, decision.source,
@@ -292,24 +312,23 @@ class ContinuumSchedulerMixin:
         arrival = self.sessions.first_arrival(session, request.arrival_time)
         if num_blocks == 0 or not self._make_room_under_cap(num_blocks, arrival):
             if num_blocks:
-                self.continuum_stats.pins_refused_by_cap += 1
+                self.continuum_stats.on_pin_refused(tool)
             self._ledger.give_back(blocks, fence)
             return
         now = self.clock()
-        self.pins.add(
-            Pin(
-                session_id=session,
-                request_id=request.request_id,
-                tool=tool,
-                blocks=blocks,
-                num_blocks=num_blocks,
-                created_at=now,
-                expires_at=now + ttl_s,
-                session_arrival=arrival,
-                fence=fence,
-            )
+        pin = Pin(
+            session_id=session,
+            request_id=request.request_id,
+            tool=tool,
+            blocks=blocks,
+            num_blocks=num_blocks,
+            created_at=now,
+            expires_at=now + ttl_s,
+            session_arrival=arrival,
+            fence=fence,
         )
-        self.continuum_stats.pins_by_tool[tool] += 1
+        self.pins.add(pin)
+        self.continuum_stats.on_pin(pin)
         self._lane_changed(session)
 
     def _make_room_under_cap(self, num_blocks: int, session_arrival: float) -> bool:
@@ -332,7 +351,7 @@ class ContinuumSchedulerMixin:
             return
         self.pins.pop(pin.session_id)
         self._ledger.give_back(pin.blocks, pin.fence)
-        self.continuum_stats.releases_by_reason[reason.value] += 1
+        self.continuum_stats.on_release(pin, reason, self.clock())
         self._lane_changed(pin.session_id)
 
     def _lane_changed(self, session: str) -> None:
@@ -386,8 +405,9 @@ class ContinuumSchedulerMixin:
                 self._ledger.take_back(pin.blocks)
                 self.pins.add(pin)
             return None
+        now = self.clock()
         for pin in released:
-            self.continuum_stats.releases_by_reason[ReleaseReason.PRESSURE.value] += 1
+            self.continuum_stats.on_release(pin, ReleaseReason.PRESSURE, now)
             self._lane_changed(pin.session_id)
         return blocks
 
@@ -410,7 +430,7 @@ class ContinuumSchedulerMixin:
         return token_id
 
     def _count_invalid_hints(self, request: Request, hints: Hints, extra) -> None:
-        self.continuum_stats.invalid_hints += len(hints.invalid)
+        self.continuum_stats.on_invalid_hints(len(hints.invalid))
         for key in hints.invalid:
             value = repr(extra.get(key))[:80]
             if key not in self._warned_hints:
