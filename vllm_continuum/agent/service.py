@@ -235,8 +235,8 @@ class AgentService:
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"code": code, "message": message},
-                                                      **extra})
+    return JSONResponse(status_code=status, content={**extra,
+                                                      "error": {"code": code, "message": message}})
 
 
 def _session_view(session: Session) -> dict[str, Any]:
