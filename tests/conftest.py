@@ -21,10 +21,11 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def live_servers(tiny_model_dir, tmp_path_factory):
     """A stock vLLM server and a continuum one, same model, flags and KV pool."""
+    from vllm_continuum.demo import DEMO_ENV
     from vllm_continuum.server import flavour_server
 
     log_dir = tmp_path_factory.mktemp("server-logs")
-    env = {"CONTINUUM_TTL_POLICY": "fixed", "CONTINUUM_DEFAULT_TTL_S": "30"}
+    env = DEMO_ENV
     servers = {f: flavour_server(f, tiny_model_dir, log_dir, env=env) for f in ("stock", "continuum")}
     try:
         for server in servers.values():
@@ -51,6 +52,7 @@ def build(tiny_model_dir, async_scheduling, monkeypatch):
     from harness import Driver, FakeClock, audit, make_scheduler
 
     monkeypatch.setenv("CONTINUUM_TTL_POLICY", "fixed")
+    monkeypatch.setenv("CONTINUUM_MAX_SESSION_PINNED_FRACTION", "1")
 
     def _build(**kwargs):
         scheduler = make_scheduler(

@@ -373,3 +373,16 @@ def test_huge_session_ids_are_keyed_by_a_digest(build):
     d.add(t2, answer_script())
     assert admitted_hit(d, t2) >= (t1.num_prompt_tokens // BLOCK_SIZE) * BLOCK_SIZE
     assert s.continuum_stats.releases_by_reason == {"resumed": 1}
+
+
+def test_one_session_pins_at_most_its_quota_and_keeps_its_prefix(build, monkeypatch):
+    monkeypatch.setenv("CONTINUUM_MAX_SESSION_PINNED_FRACTION", "0.25")  # 15 of 63 blocks
+    d = build(num_blocks=64)
+    s = d.scheduler
+    t1 = first_turn(d, "A", prompt_len=400)  # 26 blocks
+    assert s.pins.get("A").num_blocks == 15
+    assert audit(s)["pinned"] == 15
+    t2 = next_turn(t1)
+    d.add(t2, answer_script())
+    # The pinned prefix is hit whole (the rest too while LRU has not evicted it).
+    assert admitted_hit(d, t2) >= 15 * BLOCK_SIZE

@@ -58,6 +58,13 @@ class ContinuumConfig(BaseSettings):
     max_pinned_fraction: float = Field(
         0.5, gt=0, le=1, description="Cap on pinned blocks as a fraction of the KV pool."
     )
+    max_session_pinned_fraction: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="Cap on one session's pinned blocks, fraction of the KV pool: a "
+        "longer context keeps only its first blocks pinned (its prefix).",
+    )
     cold_start_samples: int = Field(
         100, ge=0, description="continuum: K, samples needed before a CDF is trusted."
     )

@@ -12,9 +12,14 @@ from vllm_continuum.server import flavour_server
 from vllm_continuum.tiny_model import build_tiny_model
 
 # The demo shows the pin mechanism: a fixed TTL long enough for the pause,
-# which includes the other sessions' traffic. (The continuum model would not pin
-# here: a tiny model on a CPU reloads 600 tokens in well under a second.)
-DEMO_ENV = {"CONTINUUM_TTL_POLICY": "fixed", "CONTINUUM_DEFAULT_TTL_S": "30"}
+# which includes the other sessions' traffic (the continuum model would not pin
+# here: a tiny model on a CPU reloads 600 tokens in well under a second), and a
+# per-session quota that lets one session pin a third of this 64-block pool.
+DEMO_ENV = {
+    "CONTINUUM_TTL_POLICY": "fixed",
+    "CONTINUUM_DEFAULT_TTL_S": "30",
+    "CONTINUUM_MAX_SESSION_PINNED_FRACTION": "0.4",
+}
 
 
 def run_demo(model_dir: Path, out_dir: Path, flavours: list[str]) -> int:

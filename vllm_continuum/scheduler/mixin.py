@@ -308,6 +308,7 @@ class ContinuumSchedulerMixin:
         session = session_key(request)
         blocks, fence = self._ledger.take(request)
         self._release_session(session, ReleaseReason.REPLACED)
+        blocks = self._within_session_quota(blocks, fence)
         num_blocks = self._ledger.count(blocks)
         arrival = self.sessions.first_arrival(session, request.arrival_time)
         if num_blocks == 0 or not self._make_room_under_cap(num_blocks, arrival):
@@ -330,6 +331,19 @@ class ContinuumSchedulerMixin:
         self.pins.add(pin)
         self.continuum_stats.on_pin(pin)
         self._lane_changed(session)
+
+    def _within_session_quota(self, blocks: list, fence: int) -> list:
+        """Keep at most `max_session_pinned_fraction` of the pool for one session:
+        the first blocks, which its next turn hits (hashes chain from the start).
+        Models with several KV cache groups cannot be cut that way: all or nothing."""
+        quota = int(self.continuum_config.max_session_pinned_fraction * self._ledger.pool_size)
+        if self._ledger.count(blocks) <= quota:
+            return blocks
+        if len(self.kv_cache_config.kv_cache_groups) > 1:
+            self._ledger.give_back(blocks, fence)
+            return []
+        self._ledger.give_back(blocks[quota:], fence)
+        return blocks[:quota]
 
     def _make_room_under_cap(self, num_blocks: int, session_arrival: float) -> bool:
         """Fit a new pin under `max_pinned_fraction`, releasing pins of programs
