@@ -396,3 +396,23 @@ def test_service_store_full_and_history_full(offline_service):
                  "history_full", "holds 11 messages; the limit is 12")
     for sid in ids:
         http.delete(f"/sessions/{sid}")
+
+
+def test_callable_objects_and_partials_are_tools():
+    import functools
+
+    class Lookup:
+        async def __call__(self, key: Literal["a", "b"]) -> str:
+            return key.upper()
+
+    async def scale(factor: int, x: int) -> int:
+        return factor * x
+
+    reg = ToolRegistry()
+    reg.register(Lookup(), name="lookup", description="Look a key up.")
+    reg.register(functools.partial(scale, 3), name="triple", description="Triple x.")
+    assert reg.get("triple").openai_schema()["function"]["parameters"]["required"] == ["x"]
+    assert run(reg.execute(call("lookup", '{"key": "b"}'))).content == "B"
+    assert run(reg.execute(call("triple", '{"x": 5}'))).content == "15"
+    assert run(reg.execute(call("triple", '{"x": 5, "factor": 2}'))).outcome == \
+        "invalid_arguments"

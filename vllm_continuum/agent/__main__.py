@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-steps", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--no-parallel-tool-calls", action="store_true",
-                   help="send parallel_tool_calls=false (needed for guided calls of a random model)")
+                   help="send parallel_tool_calls=false (guided calls of a random model need it)")
     p.add_argument("--max-sessions", type=int, default=1000)
     p.add_argument("--session-ttl-s", type=float, default=3600.0)
     args = p.parse_args(argv)

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import httpx
 import openai
 from openai import AsyncOpenAI
 from pydantic import BaseModel
@@ -171,6 +172,8 @@ class AgentLoop:
         """One user turn; mutates `session` in place and returns the answer and trace.
 
         Raises only HistoryFull (before anything is changed) and cancellation.
+        Run one turn per session at a time (the service enforces it): two
+        interleaved turns would interleave their messages.
         """
         cfg = self.config
         steps = cfg.max_steps if max_steps is None else max_steps
@@ -203,7 +206,7 @@ class AgentLoop:
             )
             try:
                 reply = await self._call_model(session, tools, choice, last)
-            except (openai.APIError, ValueError) as e:
+            except (openai.APIError, httpx.HTTPError, ValueError) as e:
                 call.error = _describe(e)
                 trace.model_calls.append(call)
                 await _emit(on_event, "model_call", {"trace": call.model_dump()})
@@ -213,7 +216,8 @@ class AgentLoop:
             calls = reply.tool_calls[: cfg.max_tool_calls_per_step]
             call.ttft_s, call.duration_s = reply.ttft_s, reply.duration_s
             call.prompt_tokens, call.cached_tokens = reply.prompt_tokens, reply.cached_tokens
-            call.completion_tokens, call.finish_reason = reply.completion_tokens, reply.finish_reason
+            call.completion_tokens = reply.completion_tokens
+            call.finish_reason = reply.finish_reason
             call.tool_calls = [c.name for c in calls]
             call.dropped_tool_calls = len(reply.tool_calls) - len(calls)
             if previous_prompt is not None:
@@ -340,26 +344,29 @@ class AgentLoop:
         parts: dict[int, dict[str, Any]] = {}
         finish_reason: str | None = None
         usage = None
-        async for chunk in stream:
-            if ttft is None:
-                ttft = time.perf_counter() - started
-            if chunk.usage is not None:
-                usage = chunk.usage
-            for choice in chunk.choices:
-                if choice.finish_reason:
-                    finish_reason = choice.finish_reason
-                delta = choice.delta
-                if delta is None:
-                    continue
-                if delta.content:
-                    content.append(delta.content)
-                for tc in delta.tool_calls or []:
-                    part = parts.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
-                    if tc.id:
-                        part["id"] = tc.id
-                    if tc.function is not None:
-                        part["name"] += tc.function.name or ""
-                        part["arguments"] += tc.function.arguments or ""
+        async with stream:  # closes the connection on errors and cancellation
+            async for chunk in stream:
+                if ttft is None:
+                    ttft = time.perf_counter() - started
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for choice in chunk.choices:
+                    if choice.finish_reason:
+                        finish_reason = choice.finish_reason
+                    delta = choice.delta
+                    if delta is None:
+                        continue
+                    if delta.content:
+                        content.append(delta.content)
+                    for tc in delta.tool_calls or []:
+                        part = parts.setdefault(
+                            tc.index, {"id": None, "name": "", "arguments": ""}
+                        )
+                        if tc.id:
+                            part["id"] = tc.id
+                        if tc.function is not None:
+                            part["name"] += tc.function.name or ""
+                            part["arguments"] += tc.function.arguments or ""
         calls = [
             ToolCallRequest(id=p["id"] or f"call_{i}", name=p["name"], arguments=p["arguments"])
             for i, p in sorted(parts.items())

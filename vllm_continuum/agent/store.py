@@ -82,7 +82,8 @@ class InMemorySessionStore:
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
         self._clock = clock
-        self._sessions: OrderedDict[str, tuple[float, Session]] = OrderedDict()  # id -> (last use, s)
+        # id -> (last use, session), least recently used first
+        self._sessions: OrderedDict[str, tuple[float, Session]] = OrderedDict()
 
     def __len__(self) -> int:
         self.purge_expired()

@@ -199,6 +199,9 @@ class ToolRegistry:
                 value = await asyncio.wait_for(tool.fn(**kwargs), tool.timeout_s)
             else:
                 value = await asyncio.wait_for(asyncio.to_thread(tool.fn, **kwargs), tool.timeout_s)
+                if inspect.isawaitable(value):  # e.g. a partial of an async function
+                    left = tool.timeout_s - (time.perf_counter() - started)
+                    value = await asyncio.wait_for(value, max(left, 1e-3))
         except TimeoutError:
             return fail("timeout", f"tool {call.name!r} did not return within {tool.timeout_s:g} s")
         except Exception as e:  # noqa: BLE001 - a tool's failure is data for the model
@@ -244,9 +247,15 @@ def _arguments_model(fn: Callable[..., Any], name: str) -> type[BaseModel]:
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    import functools
     import typing
 
-    return typing.get_type_hints(fn, include_extras=True)
+    target = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    if not (inspect.isfunction(target) or inspect.ismethod(target)):
+        target = getattr(target, "__call__", target)  # a callable object
+    return typing.get_type_hints(target, include_extras=True)
 
 
 def _first_paragraph(fn: Callable[..., Any]) -> str:
