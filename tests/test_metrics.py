@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -370,3 +371,10 @@ def test_vllm_version_lookup_works_for_the_cpu_build(monkeypatch):
     assert got == expected or expected is None
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.version("surely-not-installed-distribution")
+
+
+def test_dashboard_json_is_what_the_generator_builds():
+    pytest.importorskip("grafana_foundation_sdk", reason="pip install -e '.[test]'")
+    generator = Path(__file__).resolve().parents[1] / "grafana" / "generate.py"
+    run = subprocess.run([sys.executable, str(generator), "--check"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

@@ -1,0 +1,338 @@
+"""Builds grafana/dashboards/vllm-continuum.json with grafana-foundation-sdk.
+
+    .venv/bin/python grafana/generate.py           # rewrite the JSON
+    .venv/bin/python grafana/generate.py --check   # exit 1 if the JSON is stale
+
+The dashboard is code so that its PromQL lives in one reviewed place; the
+generated JSON is committed (Grafana imports JSON) and a test checks that
+it matches this script and that every expression evaluates on a real
+Prometheus scraping a real vLLM server (tests/test_engine_metrics.py).
+Every panel filters on the `model_name` variable, as vLLM's metrics do.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import dashboard, heatmap, prometheus, stat, timeseries
+from grafana_foundation_sdk.builders.common import (
+    ReduceDataOptions,
+    StackingConfig,
+    VizLegendOptions,
+    VizTooltipOptions,
+)
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import (
+    BigValueGraphMode,
+    GraphDrawStyle,
+    LegendDisplayMode,
+    LegendPlacement,
+    SortOrder,
+    StackingMode,
+    TooltipDisplayMode,
+)
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DataSourceRef,
+    VariableRefresh,
+    VariableSort,
+)
+from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+OUT = Path(__file__).parent / "dashboards" / "vllm-continuum.json"
+UID = "vllm-continuum"
+DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
+M = 'model_name="$model_name"'
+RI = "$__rate_interval"
+
+
+def q(expr: str, legend: str, ref: str = "A") -> prometheus.Dataquery:
+    return prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DS)
+
+
+def rate(metric: str, extra: str = "") -> str:
+    return f"rate({metric}{{{M}{extra}}}[{RI}])"
+
+
+def quantiles(metric: str, by: str = "") -> list[prometheus.Dataquery]:
+    group = f"le, {by}" if by else "le"
+    label = f"{{{{{by}}}}} " if by else ""
+    return [
+        q(
+            f"histogram_quantile({p}, sum by ({group}) ({rate(metric + '_bucket')}))",
+            f"{label}p{int(p * 100)}",
+            ref,
+        )
+        for p, ref in ((0.5, "A"), (0.9, "B"))
+    ]
+
+
+def series(title: str, description: str, targets, unit: str, w: int = 12, h: int = 8):
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .unit(unit)
+        .span(w)
+        .height(h)
+        .min(0)
+        .legend(
+            VizLegendOptions()
+            .display_mode(LegendDisplayMode.LIST)
+            .placement(LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        .tooltip(VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING))
+    )
+    for target in targets:
+        panel = panel.with_target(target)
+    return panel
+
+
+def distribution(title: str, description: str, metric: str):
+    """A heatmap of a continuum histogram: how many observations per bucket."""
+    return (
+        heatmap.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .span(12)
+        .height(8)
+        .with_target(
+            q(f"sum by (le) (increase({metric}_bucket{{{M}}}[{RI}]))", "{{le}}")
+            .format(PromQueryFormat.HEATMAP)
+        )
+        .calculate(False)
+        .y_axis(heatmap.YAxisConfig().unit("s"))
+        .color(heatmap.HeatmapColorOptions().mode(HeatmapColorMode.SCHEME).scheme("Oranges"))
+    )
+
+
+def big(title: str, description: str, expr: str, unit: str):
+    """A one-number panel: the last value of `expr`."""
+    return (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .span(6)
+        .height(4)
+        .unit(unit)
+        .graph_mode(BigValueGraphMode.AREA)
+        .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .with_target(q(expr, title))
+    )
+
+
+def build() -> dashboard.Dashboard:
+    pinned_vs_usage = series(
+        "Pinned KV blocks vs vLLM KV usage",
+        "Fraction of the KV pool held by pins (continuum_pinned_blocks / continuum_kv_pool_blocks) "
+        "beside vLLM's own vllm:kv_cache_usage_perc, which counts pinned blocks as used. The gap "
+        "is what running and queued requests hold.",
+        [
+            q(f"sum(continuum_pinned_blocks{{{M}}}) / sum(continuum_kv_pool_blocks{{{M}}})",
+              "pinned (fraction of pool)", "A"),
+            q(f"avg(vllm:kv_cache_usage_perc{{{M}}})", "vLLM KV cache usage", "B"),
+        ],
+        "percentunit",
+    ).max(1)
+    pinned_now = series(
+        "Pinned sessions and blocks",
+        "Sessions holding a pin and the KV blocks they hold, now. Computed at scrape time: a pin "
+        "whose TTL passed while the engine was idle is no longer counted.",
+        [
+            q(f"sum(continuum_pinned_sessions{{{M}}})", "sessions", "A"),
+            q(f"sum(continuum_pinned_blocks{{{M}}})", "blocks", "B"),
+        ],
+        "short",
+    )
+    releases = series(
+        "Pin outcomes by reason",
+        "Pins released per second, by reason: resumed (the session's next turn took the blocks: "
+        "the win), expired (TTL passed first), pressure (other work needed the blocks, or the "
+        "pinned-fraction cap), last_turn, aborted, reset, replaced (a newer turn of the session "
+        "pinned). Pins created, by tool, for scale.",
+        [
+            q(f"sum by (reason) ({rate('continuum_pin_releases_total')})", "{{reason}}", "A"),
+            q(f"sum({rate('continuum_pins_total')})", "pins created", "B"),
+        ],
+        "ops",
+    ).draw_style(GraphDrawStyle.BARS).fill_opacity(60).stacking(
+        StackingConfig().mode(StackingMode.NORMAL)
+    )
+    pinned_resumes = rate("continuum_resumes_total", ',outcome="pinned"')
+    hit_rate = series(
+        "Resume hit rate",
+        "Of the requests that continue a session (it had a previous turn), the share that found "
+        'the session\'s pin still held (continuum_resumes_total{outcome="pinned"}).',
+        [
+            q(
+                f"sum({pinned_resumes}) / sum({rate('continuum_resumes_total')})",
+                "pinned / all resumes",
+            )
+        ],
+        "percentunit",
+    ).max(1)
+    reuse = series(
+        "Reuse ratio of resumed turns",
+        "Prompt tokens of resumed requests found in the prefix cache, over their prompt tokens. "
+        "Beside it, vLLM's prefix-cache hit rate over all requests.",
+        [
+            q(
+                f"sum({rate('continuum_resume_cached_tokens_total')}) "
+                f"/ sum({rate('continuum_resume_prompt_tokens_total')})",
+                "resumed turns (continuum)", "A",
+            ),
+            q(
+                f"sum({rate('vllm:prefix_cache_hits_total')}) "
+                f"/ sum({rate('vllm:prefix_cache_queries_total')})",
+                "all requests (vLLM prefix cache)", "B",
+            ),
+        ],
+        "percentunit",
+    ).max(1)
+    ttl_dist = distribution(
+        "TTL distribution",
+        "TTLs chosen for finished tool-call turns, per bucket (0: the policy chose not to pin).",
+        "continuum_ttl_seconds",
+    )
+    tool_dist = distribution(
+        "Tool duration distribution",
+        "Measured tool durations (end of a turn to the arrival of the session's next turn), per "
+        "bucket. TTLs should sit where most durations end.",
+        "continuum_tool_duration_seconds",
+    )
+    ttl_by_tool = series(
+        "TTL vs tool duration by tool (p50, p90)",
+        "Median and 90th percentile of the chosen TTL and of the measured tool duration, by tool.",
+        [
+            *[t.legend_format("TTL " + t.build().legend_format) for t in
+              quantiles("continuum_ttl_seconds", "tool")],
+            *[t.ref_id(r).legend_format("duration " + t.build().legend_format)
+              for t, r in zip(quantiles("continuum_tool_duration_seconds", "tool"), "CD")],
+        ],
+        "s",
+    )
+    held = series(
+        "Pin held time (p50, p90)",
+        "How long pins held their blocks before release (an expired pin counts its TTL).",
+        quantiles("continuum_pin_held_seconds"),
+        "s",
+    )
+    ttft = series(
+        "Time to first token (vLLM)",
+        "vLLM's own vllm:time_to_first_token_seconds: what pinning is for. Compare with the hit "
+        "rate and the reuse ratio.",
+        [
+            q(
+                f"histogram_quantile({p}, sum by (le) "
+                f"({rate('vllm:time_to_first_token_seconds_bucket')}))",
+                f"p{int(p * 100)}", ref,
+            )
+            for p, ref in ((0.5, "A"), (0.9, "B"), (0.99, "C"))
+        ],
+        "s",
+    )
+    hints = series(
+        "Invalid hints and refused pins",
+        "Per-request continuum_* hints ignored as invalid, and pins not made because they did "
+        "not fit under max_pinned_fraction, per second.",
+        [
+            q(f"sum({rate('continuum_invalid_hints_total')})", "invalid hints", "A"),
+            q(f"sum({rate('continuum_pins_refused_total')})", "pins refused (cap)", "B"),
+        ],
+        "ops",
+    )
+    pinned_stat = big(
+        "Pinned sessions now", "Sessions holding a pin at the last scrape.",
+        f"sum(continuum_pinned_sessions{{{M}}})", "short",
+    )
+    hit_stat = big(
+        "Resume hit rate (range)",
+        "Pinned resumes over all resumes, over the dashboard's time range.",
+        f'sum(increase(continuum_resumes_total{{{M},outcome="pinned"}}[$__range])) '
+        f"/ sum(increase(continuum_resumes_total{{{M}}}[$__range]))",
+        "percentunit",
+    )
+    reuse_stat = big(
+        "Reuse ratio (range)",
+        "Cached over prompt tokens of resumed requests, over the time range.",
+        f"sum(increase(continuum_resume_cached_tokens_total{{{M}}}[$__range])) "
+        f"/ sum(increase(continuum_resume_prompt_tokens_total{{{M}}}[$__range]))",
+        "percentunit",
+    )
+    expired_stat = big(
+        "Pins expired (range)",
+        "Pins whose TTL passed before the session came back, over the time range.",
+        f'sum(increase(continuum_pin_releases_total{{{M},reason="expired"}}[$__range]))',
+        "short",
+    )
+
+    return (
+        dashboard.Dashboard("vLLM continuum: KV pins across tool calls")
+        .uid(UID)
+        .description(
+            "Pin and eviction metrics of the vllm-continuum scheduler plugin, beside vLLM's own "
+            "KV usage and time to first token."
+        )
+        .tags(["vllm", "continuum", "kv-cache"])
+        .refresh("10s")
+        .time("now-30m", "now")
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .with_variable(
+            dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
+        )
+        .with_variable(
+            dashboard.QueryVariable("model_name")
+            .label("Model")
+            .datasource(DS)
+            .query("label_values(continuum_pinned_blocks, model_name)")
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(VariableSort.ALPHABETICAL_ASC)
+        )
+        .with_row(dashboard.Row("Now"))
+        .with_panel(pinned_stat)
+        .with_panel(hit_stat)
+        .with_panel(reuse_stat)
+        .with_panel(expired_stat)
+        .with_row(dashboard.Row("KV memory"))
+        .with_panel(pinned_vs_usage)
+        .with_panel(pinned_now)
+        .with_row(dashboard.Row("Outcomes"))
+        .with_panel(releases)
+        .with_panel(hit_rate)
+        .with_panel(reuse)
+        .with_panel(ttft)
+        .with_row(dashboard.Row("TTLs and tools"))
+        .with_panel(ttl_dist)
+        .with_panel(tool_dist)
+        .with_panel(ttl_by_tool)
+        .with_panel(held)
+        .with_panel(hints)
+    )
+
+
+def render() -> str:
+    return json.dumps(build().build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not OUT.exists() or OUT.read_text() != text:
+            print(f"{OUT} is stale: run python {Path(__file__).name}", file=sys.stderr)
+            return 1
+        return 0
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(text)
+    print(OUT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
