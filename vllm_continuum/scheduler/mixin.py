@@ -38,16 +38,15 @@ from vllm_continuum.policy.hints import NO_HINTS, Hints, parse_hints
 from vllm_continuum.policy.pin_table import Pin, PinTable, ReleaseReason
 from vllm_continuum.policy.pressure import may_release_pins
 from vllm_continuum.policy.sessions import SessionRegistry
-from vllm_continuum.policy.tool_calls import UNKNOWN_TOOL, ToolCallReader
 from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
 from vllm_continuum.policy.workload import WorkloadModel
 from vllm_continuum.policy.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
 from vllm_continuum.scheduler.blocks import BlockLedger
+from vllm_continuum.scheduler.tool_call_detector import ToolCallDetector
 from vllm_continuum.stats import ContinuumStats
 
 logger = init_logger("vllm.continuum")
 
-_MAX_TOOL_NAME_TOKENS = 64
 _MAX_SESSION_KEY_LENGTH = 128
 
 
@@ -104,9 +103,11 @@ class ContinuumSchedulerMixin:
         # the waiting queue: re-sorted only once schedule() is done.
         self._in_schedule = False
         self._lane_changes: set[str] = set()
-        self._tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
-        self._tool_call_token_id = self._resolve_tool_call_token(cfg.tool_call_token)
-        self._tool_calls = ToolCallReader(cfg.tool_call_patterns)
+        self._tool_calls = ToolCallDetector(
+            getattr(self.structured_output_manager, "tokenizer", None),
+            cfg.tool_call_token,
+            cfg.tool_call_patterns,
+        )
 
         assert not self.waiting, "the waiting queue is replaced before any request"
         self._by_priority = self.policy == SchedulingPolicy.PRIORITY
@@ -123,7 +124,7 @@ class ContinuumSchedulerMixin:
             cfg.pressure_policy,
             cfg.max_pinned_fraction,
             cfg.max_ttl_s,
-            self._tool_call_token_id,
+            self._tool_calls.token_id,
         )
 
     # ------------------------------------------------------------------ hooks
@@ -253,7 +254,9 @@ class ContinuumSchedulerMixin:
             return False
         # A stop string also ends a turn as FINISHED_ABORTED (the front end
         # aborts it), so an abort with output is judged by that output.
-        tool = self._tool_called(request, hints) if request.num_output_tokens else None
+        tool = None
+        if request.num_output_tokens:
+            tool = hints.tool or self._tool_calls.tool_called(request.output_token_ids)
         if request.num_output_tokens:
             self.sessions.observe_turn_end(session, self.clock(), tool)
         if hints.last_turn:
@@ -280,29 +283,6 @@ class ContinuumSchedulerMixin:
             return False
         self._pin(request, tool, decision.ttl_s)
         return True
-
-    def _tool_called(self, request: Request, hints: Hints) -> str | None:
-        """The tool this finished turn called, or None if it called none."""
-        if hints.tool is not None:
-            return hints.tool
-        output = list(request.output_token_ids)
-        token_id = self._tool_call_token_id
-        if token_id is not None and token_id in output:
-            start = output.index(token_id) + 1
-            text = self._decode(output[start : start + _MAX_TOOL_NAME_TOKENS])
-            return self._tool_calls.name_after_token(text) if text else UNKNOWN_TOOL
-        if self._tool_calls.has_patterns:
-            return self._tool_calls.match(self._decode(output))
-        return None
-
-    def _decode(self, token_ids: list[int]) -> str:
-        if self._tokenizer is None:
-            return ""
-        try:
-            return self._tokenizer.decode(token_ids)
-        except Exception:  # a tokenizer quirk must never fail a request
-            logger.debug("continuum: could not decode a finished output", exc_info=True)
-            return ""
 
     def _pin(self, request: Request, tool: str, ttl_s: float) -> None:
         session = session_key(request)
@@ -426,23 +406,6 @@ class ContinuumSchedulerMixin:
         return blocks
 
     # ------------------------------------------------------------ utilities
-    def _resolve_tool_call_token(self, token: str) -> int | None:
-        if self._tokenizer is None:
-            logger.warning(
-                "continuum: no tokenizer in the engine core (skip_tokenizer_init?); "
-                "tool calls are recognised only by the continuum_tool hint."
-            )
-            return None
-        token_id = self._tokenizer.get_vocab().get(token)
-        if token_id is None:
-            logger.warning(
-                "continuum: the tokenizer has no %r token; tool calls are recognised "
-                "only by the continuum_tool hint. Set CONTINUUM_TOOL_CALL_TOKEN to the "
-                "model's tool-call token.",
-                token,
-            )
-        return token_id
-
     def _count_invalid_hints(self, request: Request, hints: Hints, extra) -> None:
         self.continuum_stats.on_invalid_hints(len(hints.invalid))
         for key in hints.invalid:
