@@ -155,7 +155,7 @@ class Driver:
         s = self.scheduler
         out = s.schedule()
         req_ids, sampled = [], []
-        for req_id, n in out.num_scheduled_tokens.items():
+        for req_id in out.num_scheduled_tokens:
             request = s.requests[req_id]
             req_ids.append(req_id)
             done_prefill = request.num_computed_tokens >= request.num_tokens

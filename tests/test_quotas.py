@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import statistics
 
-import pytest
 
 from harness import EOS_TOKEN_ID, FakeClock, audit, make_request, make_scheduler, tokens
 

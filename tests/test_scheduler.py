@@ -15,7 +15,6 @@ from harness import (
     EOS_TOKEN_ID,
     FILLER_TOKEN,
     Driver,
-    FakeClock,
     admitted_hit,
     answer_script,
     assert_all_free,

@@ -10,9 +10,7 @@ import pytest
 from vllm.v1.request import RequestStatus
 
 from harness import (
-    BLOCK_SIZE,
     EOS_TOKEN_ID,
-    FILLER_TOKEN,
     admitted_hit,
     answer_script,
     first_turn,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from vllm.v1.request import RequestStatus
 
-from harness import BLOCK_SIZE, EOS_TOKEN_ID, FILLER_TOKEN, FakeClock, audit, make_request, make_scheduler
+from harness import EOS_TOKEN_ID, FILLER_TOKEN, FakeClock, audit, make_request, make_scheduler
 from vllm_continuum.policy.pin_table import ReleaseReason
 
 settings.register_profile(  # deterministic in CI: the same 10,000 rules every run
