@@ -45,7 +45,9 @@ def demo_registry(config: DemoToolConfig | None = None) -> ToolRegistry:
     rng = random.Random(cfg.seed)
     registry = ToolRegistry(default_timeout_s=5.0)
 
-    @registry.tool(timeout_s=1.0)
+    # Sync, so it runs in a worker thread: on a loaded machine starting one can
+    # take a second, hence a timeout far above the tool's own microseconds.
+    @registry.tool(timeout_s=5.0)
     def calculator(op: Literal["add", "sub", "mul", "div"], a: SmallInt, b: SmallInt) -> dict:
         """Exact arithmetic on two integers."""
         if op == "div":
