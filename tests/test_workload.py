@@ -1,0 +1,92 @@
+"""Workload generation and the trace format (no vLLM engine; fast)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_continuum.bench.trace import FORMAT, Program, Trace, Turn
+from vllm_continuum.bench.workload import WORKLOAD_DIR, load_spec, load_trace
+
+PAPER_WORKLOADS = ["swebench", "bfcl"]
+
+
+@pytest.mark.parametrize("name", PAPER_WORKLOADS)
+def test_tool_mixture_matches_table2(name):
+    """The spec's tool mix has Table 2's mean and std (exactly, before sampling)."""
+    spec = load_spec(name)
+    mean, std = spec.tool_mixture()
+    assert mean == pytest.approx(spec.paper["tool_s_mean"], rel=0.02)
+    assert std == pytest.approx(spec.paper["tool_s_std"], rel=0.03)
+    assert len(spec.tools) >= 3
+    assert len({t.duration_s.mean for t in spec.tools}) >= 3  # different profiles
+
+
+@pytest.mark.parametrize("name", PAPER_WORKLOADS)
+def test_generated_statistics_match_table2(name):
+    spec = load_spec(name)
+    trace = spec.with_overrides(num_programs=1500, seed=7).generate()
+    s = trace.summary()
+    paper = spec.paper
+    assert s["turns_mean"] == pytest.approx(paper["turns_mean"], rel=0.05)
+    assert s["turns_std"] == pytest.approx(paper["turns_std"], rel=0.15)
+    assert s["tokens_mean"] == pytest.approx(paper["tokens_mean"], rel=0.05)
+    assert s["tokens_std"] == pytest.approx(paper["tokens_std"], rel=0.2)
+    assert s["tool_s_mean"] == pytest.approx(paper["tool_s_mean"], rel=0.1)
+    assert s["tool_s_std"] == pytest.approx(paper["tool_s_std"], rel=0.25)
+    # Long-tailed: the median call is much shorter than the mean.
+    assert s["tool_s_p50"] < 0.8 * s["tool_s_mean"]
+    assert s["arrival_rate"] == pytest.approx(spec.arrival_rate, rel=0.1)
+    assert s["final_context_max"] <= spec.max_context_tokens
+
+
+def test_every_shipped_workload_loads():
+    names = sorted(p.stem for p in WORKLOAD_DIR.glob("*.yaml"))
+    assert {"swebench", "bfcl", "cpu-agent"} <= set(names)
+    for name in names:
+        trace = load_spec(name).with_overrides(num_programs=5).generate()
+        assert len(trace) == 5
+
+
+def test_generation_is_seeded_and_prefix_stable():
+    spec = load_spec("swebench")
+    a = spec.with_overrides(num_programs=20, seed=3).generate()
+    b = spec.with_overrides(num_programs=20, seed=3).generate()
+    c = spec.with_overrides(num_programs=30, seed=3).generate()
+    d = spec.with_overrides(num_programs=20, seed=4).generate()
+    assert [p.to_json() for p in a] == [p.to_json() for p in b]
+    assert [p.to_json() for p in a] == [p.to_json() for p in c][:20]  # a longer run extends
+    assert [p.to_json() for p in a] != [p.to_json() for p in d]
+
+
+def test_turn_structure():
+    for program in load_spec("bfcl").with_overrides(num_programs=50).generate():
+        assert program.turns[-1].tool is None and program.turns[-1].tool_s == 0
+        assert all(t.tool is not None for t in program.turns[:-1])
+        lengths = program.prompt_lengths
+        assert lengths == sorted(lengths)  # the history only grows
+        assert all(program.prompt_tokens(k) == n for k, n in enumerate(lengths))
+
+
+def test_trace_round_trip(tmp_path):
+    trace = load_spec("swebench").with_overrides(num_programs=10).generate()
+    path = trace.save(tmp_path / "t.jsonl")
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0])["format"] == FORMAT
+    back = Trace.load(path)
+    assert [p.to_json() for p in back] == [p.to_json() for p in trace]
+    assert back.meta["workload"] == "swebench"
+    assert len(load_trace(path, num_programs=4)) == 4
+
+
+def test_trace_without_header_and_bad_lines(tmp_path):
+    program = Program("x", 1.5, (Turn(100, 10, "grep", 0.5), Turn(20, 5)))
+    trace = Trace.parse([json.dumps(program.to_json())])
+    assert trace.programs[0] == program
+    assert program.prompt_lengths == [100, 130]
+    assert program.total_prompt_tokens == 230
+    with pytest.raises(ValueError, match="t.jsonl:2"):
+        Trace.parse(['{"format": "vllm-continuum-trace/1"}', '{"id": "y"}'], source="t.jsonl")
+    with pytest.raises(ValueError, match="unsupported format"):
+        Trace.parse(['{"format": "other/9"}'])
