@@ -1,16 +1,16 @@
 """`vllm-continuum`: the project's command line.
 
-    vllm-continuum tiny-model DIR      build the small random-weight test model
-    vllm-continuum serve MODEL [...]   start vLLM's OpenAI server with our scheduler
-    vllm-continuum demo                the tool-call pause, stock vLLM vs continuum
+    vllm-continuum demo [--stock]      agent sessions through the agent service on continuum
+    vllm-continuum pause-demo          one tool-call pause, stock vLLM and continuum side by side
+    vllm-continuum serve MODEL [...]   `vllm serve MODEL --scheduler-cls continuum ...`, CPU build too
     vllm-continuum profile --url URL   measure prefill time vs context length (TTL model input)
+    vllm-continuum tiny-model DIR      build the small random-weight test model
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 DEFAULT_MODEL_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / (
@@ -26,16 +26,20 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, extra: list[str]) -> int:
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
-        *([] if args.stock else ["--scheduler-cls", "continuum"]), *extra,
-    ]
-    print("+", " ".join(command), flush=True)
-    os.execv(sys.executable, command)
-    return 1  # not reached
+    from vllm_continuum.launch import main as vllm_cli
+
+    argv = ["serve", args.model, *([] if args.stock else ["--scheduler-cls", "continuum"]), *extra]
+    print("+ vllm", " ".join(argv), flush=True)
+    return vllm_cli(argv)
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from vllm_continuum.agent_demo import run_agent_demo
+
+    return run_agent_demo(model_dir=args.model_dir, out_dir=args.out, stock=args.stock)
+
+
+def _pause_demo(args: argparse.Namespace) -> int:
     from vllm_continuum.demo import run_demo
 
     return run_demo(model_dir=args.model_dir, out_dir=args.out, flavours=args.flavours)
@@ -59,19 +63,26 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser(
         "serve",
-        help="start vLLM's OpenAI server with --scheduler-cls continuum; other flags go to vLLM",
-        description="Works on the CPU build too, whose `vllm` console script is broken.",
+        help="`vllm serve MODEL --scheduler-cls continuum`; other flags go to vLLM",
+        description="Runs vLLM's own CLI, also on the CPU build, whose `vllm` console "
+        "script is broken (so --api-server-count works there too).",
     )
     p.add_argument("model")
     p.add_argument("--stock", action="store_true", help="stock vLLM scheduler (for A/B runs)")
     p.set_defaults(run=_serve)
 
-    p = sub.add_parser("demo", help="the tool-call pause on stock vLLM and on continuum")
+    p = sub.add_parser("demo", help="agent sessions through the agent service (main demo)")
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    p.add_argument("--out", type=Path, default=Path("runs/agent-demo"), help="logs go here")
+    p.add_argument("--stock", action="store_true", help="run on stock vLLM, for comparison")
+    p.set_defaults(run=_demo)
+
+    p = sub.add_parser("pause-demo", help="one tool-call pause on stock vLLM and on continuum")
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="server logs go here")
     p.add_argument("--flavours", nargs="+", choices=["stock", "continuum"],
                    default=["stock", "continuum"])
-    p.set_defaults(run=_demo)
+    p.set_defaults(run=_pause_demo)
 
     p = sub.add_parser("profile", help="measure prefill time against context length on a server")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the vLLM server")
