@@ -25,7 +25,9 @@ def live_servers(tiny_model_dir, tmp_path_factory):
     from vllm_continuum.server import flavour_server
 
     log_dir = tmp_path_factory.mktemp("server-logs")
-    env = DEMO_ENV
+    # DEBUG: the scheduler logs every TTL decision with its session and tool,
+    # which several tests read.
+    env = {**DEMO_ENV, "CONTINUUM_LOG_LEVEL": "DEBUG"}
     servers = {f: flavour_server(f, tiny_model_dir, log_dir, env=env) for f in ("stock", "continuum")}
     try:
         for server in servers.values():
