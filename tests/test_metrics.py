@@ -376,5 +376,7 @@ def test_vllm_version_lookup_works_for_the_cpu_build(monkeypatch):
 def test_dashboard_json_is_what_the_generator_builds():
     pytest.importorskip("grafana_foundation_sdk", reason="pip install -e '.[test]'")
     generator = Path(__file__).resolve().parents[1] / "grafana" / "generate.py"
-    run = subprocess.run([sys.executable, str(generator), "--check"], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(generator), "--check"], capture_output=True, text=True, check=False
+    )
     assert run.returncode == 0, run.stderr

@@ -82,7 +82,7 @@ class Totals:
                 mine = hist.series.setdefault(label, [0] * (len(BUCKETS) + 1) + [0.0])
                 for i, value in enumerate(row):
                     mine[i] += value
-        # Seconds since the snapshot, on the clock the engine used for TTLs.
+        # Seconds since the snapshot was written (system-wide monotonic clock).
         age = now - float(snap.get("mono", now))
         idle = bool(snap.get("idle"))
         for blocks, left_s, ttl_s, held in snap.get("pins", ()):
@@ -141,7 +141,7 @@ class ContinuumCollector:
         """Never raises: an exception here would turn vLLM's whole /metrics into a 500."""
         try:
             return list(self._families())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (a scrape must never fail)
             if not self._warned:
                 self._warned = True
                 logger.warning("continuum metrics: could not read the engine snapshots (%r)", exc)

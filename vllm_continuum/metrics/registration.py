@@ -100,7 +100,7 @@ def attach(registry) -> None:
 
 
 def _wrap_registry() -> None:
-    import vllm.v1.metrics.prometheus as prometheus
+    from vllm.v1.metrics import prometheus
 
     stock = prometheus.get_prometheus_registry
     if getattr(stock, _MARK, False):
@@ -110,7 +110,7 @@ def _wrap_registry() -> None:
         registry = stock()
         try:
             attach(registry)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (never break vLLM for a metric)
             logger.warning("continuum metrics: could not attach the collector (%r)", exc)
         return registry
 
@@ -140,7 +140,7 @@ def _wrap_multiprocess_collector() -> None:
         if registry is not None:
             try:
                 attach(registry)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (never break vLLM for a metric)
                 logger.warning("continuum metrics: could not attach the collector (%r)", exc)
 
     setattr(__init__, _MARK, True)
