@@ -1,0 +1,101 @@
+"""The simulator: real schedulers, synthetic outputs, a cost model (no engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_continuum.bench.report import summarize
+from vllm_continuum.bench.workload import load_spec
+from vllm_continuum.policy.ttl import TurnEnd
+from vllm_continuum.sim.cost_model import CostModel, Linear, fit_linear, load_cost_model
+from vllm_continuum.sim.engine import OracleTTLPolicy
+from vllm_continuum.sim.loop import Simulation
+
+# A small server under memory pressure: 3,072 tokens of KV for programs whose
+# contexts reach about 1.5k tokens, several in flight.
+SMALL = CostModel(
+    name="test-small",
+    kind="linear",
+    block_size=16,
+    num_gpu_blocks=193,
+    max_num_seqs=64,
+    max_num_batched_tokens=1024,
+    max_model_len=4096,
+    linear=Linear(step_s=0.01, per_token_s=2e-4, per_pair_s=2e-8, per_seq_s=1e-3),
+)
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return load_spec("cpu-agent").with_overrides(num_programs=8, arrival_rate=1.0, seed=1).generate()
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sim") / "profile.yaml"
+    SMALL.prefill_profile().save(path)
+    return str(path)
+
+
+def _run(trace, policy, profile_path):
+    return Simulation(trace, SMALL, policy, prefill_profile_path=profile_path).run()
+
+
+def test_small_run_completes_every_turn(trace, profile_path):
+    results = {p: _run(trace, p, profile_path) for p in ("stock", "continuum", "oracle")}
+    n_turns = sum(len(p.turns) for p in trace)
+    for policy, run in results.items():
+        assert len(run.programs) == len(trace), policy
+        assert len(run.turns) == n_turns, policy
+        for t in run.turns:
+            assert 0 <= t.cached_tokens <= t.prompt_tokens
+            assert t.ttft_s > 0 and t.latency_s >= t.ttft_s
+        for p in run.programs:
+            assert p.jct_s > 0
+    oracle = results["oracle"].meta["continuum_stats"]
+    assert oracle["releases_by_reason"].get("expired", 0) == 0  # it never guesses wrong
+    assert oracle["resumes_by_outcome"].get("pinned", 0) > 0
+    # Under this pressure stock vLLM's prefix cache loses some sessions' history.
+    assert summarize(results["stock"])["reuse_of_prev_prompt"] < 0.95
+    assert results["stock"].meta.get("continuum_stats") is None
+
+
+def test_simulation_is_deterministic(trace, profile_path):
+    a = _run(trace, "continuum", profile_path).to_json()
+    b = _run(trace, "continuum", profile_path).to_json()
+    a.pop("started_at"), b.pop("started_at")
+    assert a == b
+
+
+def test_h100_cost_model_is_sane():
+    cost = load_cost_model("h100-llama3.1-8b")
+    cold = 8192 / cost.step_time([(8192, 0)])
+    assert 10_000 < cold < 40_000  # tokens/s of a cold 8k prefill on an H100 for 8B
+    decode = cost.step_time([(1, 4096)] * 16)
+    assert 0.005 < decode < 0.03
+    assert cost.pool_tokens == pytest.approx(396_000, rel=0.01)
+    profile = cost.prefill_profile()
+    assert profile.seconds(10_000) == pytest.approx(cost.prefill_seconds(10_000), rel=0.1)
+
+
+def test_fit_linear_reproduces_the_profile():
+    from vllm_continuum.policy.prefill_profile import PrefillProfile
+
+    profile = PrefillProfile(0.05, 1e-3, 2e-6)
+    lin = fit_linear(profile, decode_step_s=0.2)
+    cost = SMALL.model_copy(update={"linear": lin, "max_num_batched_tokens": 100_000})
+    for n in (128, 1000, 3000):
+        assert cost.prefill_seconds(n) == pytest.approx(profile.seconds(n), rel=1e-6)
+    assert cost.step_time([(1, 256)]) == pytest.approx(0.2, rel=1e-6)
+
+
+def test_oracle_policy():
+    durations = {"a": 1.5, "b": 30.0}
+    turn = TurnEnd(session_id="a", tool="grep", num_context_tokens=1000)
+    always = OracleTTLPolicy(durations.get, slack_s=0.25)
+    assert always.decide(turn).ttl_s == pytest.approx(1.75)
+    assert always.decide(TurnEnd("b", "pytest", 1000)).ttl_s == pytest.approx(30.25)  # uncapped
+    assert always.decide(TurnEnd("zz", "x", 10)).ttl_s == 0
+    eq2 = OracleTTLPolicy(durations.get, slack_s=0.25, mode="eq2", benefit=lambda t: 5.0)
+    assert eq2.decide(turn).ttl_s == pytest.approx(1.75)  # 5 s saved > 1.5 s pinned
+    assert eq2.decide(TurnEnd("b", "pytest", 1000)).ttl_s == 0  # 30 s pinned > 5 s saved

@@ -1,0 +1,3 @@
+from vllm_continuum.bench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""`bench` and `compare`: replay a workload on a server, or on several servers
+one after the other, and print ratios.
+
+`compare` starts stock vLLM and continuum (and optionally other continuum
+configurations) one after the other on the same model, KV pool, flags and
+trace; each server is idle and freshly started when its replay begins. It
+first profiles the prefill time on the stock server (`vllm-continuum
+profile`'s measurement) and gives that profile to the continuum servers, as
+an operator would. Timings on a shared CPU are noisy: only ratios measured in
+one run are reported.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_continuum.bench.replay import RunResult, replay
+from vllm_continuum.bench.report import markdown_table, plot_runs, summarize, write_runs
+from vllm_continuum.bench.trace import Trace
+from vllm_continuum.bench.workload import load_trace
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    server: str  # "stock" or "continuum"
+    env: dict = field(default_factory=dict)
+
+
+# What `compare --flavours` accepts.
+FLAVOURS = {
+    "stock": Flavour("stock", "stock"),
+    "continuum": Flavour("continuum", "continuum", {"CONTINUUM_TTL_POLICY": "continuum"}),
+    "continuum-hold": Flavour(
+        "continuum-hold", "continuum",
+        {"CONTINUUM_TTL_POLICY": "continuum", "CONTINUUM_PRESSURE_POLICY": "hold"},
+    ),
+    "fixed": Flavour("fixed", "continuum", {"CONTINUUM_TTL_POLICY": "fixed"}),
+    "forever": Flavour("forever", "continuum", {"CONTINUUM_TTL_POLICY": "forever"}),
+    "forever-hold": Flavour(
+        "forever-hold", "continuum",
+        {"CONTINUUM_TTL_POLICY": "forever", "CONTINUUM_PRESSURE_POLICY": "hold"},
+    ),
+}
+
+# The CPU benchmark's defaults (docs/bench.md explains the choice).
+DEFAULT_WORKLOAD = "cpu-agent"
+DEFAULT_LAYERS = 2
+DEFAULT_NUM_BLOCKS = 160  # x 32 tokens: a 5,120-token pool
+DEFAULT_MAX_MODEL_LEN = 4096
+# Every continuum server: one session may pin up to 40% of this small pool
+# (its whole context), pins up to half of it in all (the default); the TTL
+# model trusts tool CDFs after 20 samples (K; the default 100 is more tool
+# calls than a CPU run makes, which would leave it in cold start throughout).
+COMMON_CONTINUUM_ENV = {
+    "CONTINUUM_MAX_SESSION_PINNED_FRACTION": "0.4",
+    "CONTINUUM_COLD_START_SAMPLES": "20",
+}
+
+
+def _report(runs: Sequence[RunResult], out_dir: Path, baseline: str | None, extra: dict) -> str:
+    summaries = [summarize(r) for r in runs]
+    table = markdown_table(summaries, baseline=baseline)
+    write_runs(runs, out_dir, extra={"command": extra.get("command"), "setup": extra})
+    plots = plot_runs(runs, out_dir / "plots", title=extra.get("workload", ""))
+    (out_dir / "table.md").write_text(table + "\n")
+    lines = [table, ""]
+    for s in summaries:
+        lines.append(
+            f"{s['label']}: {s['programs']} programs, {s['turns']} turns, {s['errors']} errors; "
+            f"resumed turns found {s['reuse_of_prev_prompt']:.1%} of the previous prompt cached "
+            f"({s['resumed_fully_reused']:.0%} of them all of it)"
+        )
+    lines.append(f"results: {out_dir / 'results.json'}; plots: {', '.join(str(p) for p in plots)}")
+    return "\n".join(lines)
+
+
+def run_bench(
+    url: str,
+    workload: str = DEFAULT_WORKLOAD,
+    out_dir: Path = Path("runs/bench"),
+    *,
+    label: str = "server",
+    num_programs: int | None = None,
+    rate: float | None = None,
+    seed: int | None = None,
+    time_scale: float = 1.0,
+    command: str = "",
+) -> int:
+    """Replay a workload against one running OpenAI-compatible server."""
+    trace = load_trace(workload, num_programs=num_programs, arrival_rate=rate, seed=seed)
+    run = replay(url, trace, label=label, time_scale=time_scale, seed=trace.meta.get("seed", 0))
+    print(_report([run], out_dir, None, {"workload": workload, "command": command,
+                                         "trace": trace.summary()}))
+    return 1 if run.errors else 0
+
+
+def _profile_points(profile) -> list:
+    return [[n, t] for n, t in profile.points]
+
+
+def run_compare(
+    model_dir: Path | None = None,
+    workload: str = DEFAULT_WORKLOAD,
+    out_dir: Path = Path("runs/compare"),
+    *,
+    flavours: Sequence[str] = ("stock", "continuum"),
+    num_layers: int = DEFAULT_LAYERS,
+    num_blocks: int = DEFAULT_NUM_BLOCKS,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    num_programs: int | None = None,
+    rate: float | None = None,
+    seed: int | None = None,
+    time_scale: float = 1.0,
+    prefill_profile: Path | None = None,
+    profile_lengths: Sequence[int] = (128, 256, 512, 1024, 2048),
+    command: str = "",
+) -> int:
+    """Start each flavour's server in turn, replay the same trace, print ratios."""
+    from vllm_continuum.bench.model import build_bench_model
+    from vllm_continuum.profile import measure, report
+    from vllm_continuum.server import flavour_server
+
+    unknown = [f for f in flavours if f not in FLAVOURS]
+    if unknown:
+        raise SystemExit(f"unknown flavours {unknown}; known: {sorted(FLAVOURS)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if model_dir is None:
+        model_dir = Path.home() / ".cache" / "vllm-continuum" / f"bench-model-{num_layers}l"
+    model = str(build_bench_model(model_dir, num_layers))
+    trace = load_trace(workload, num_programs=num_programs, arrival_rate=rate, seed=seed)
+    trace.save(out_dir / "trace.jsonl")
+    setup = {
+        "command": command,
+        "workload": workload,
+        "trace": trace.summary(),
+        "model": model,
+        "num_layers": num_layers,
+        "num_blocks": num_blocks,
+        "block_size": 32,
+        "max_model_len": max_model_len,
+        "flavours": {f: FLAVOURS[f].env for f in flavours},
+        "common_continuum_env": COMMON_CONTINUUM_ENV,
+        "time_scale": time_scale,
+    }
+    print(json.dumps({k: v for k, v in setup.items() if k != "command"}, indent=1))
+    runs: list[RunResult] = []
+    profile_path = Path(prefill_profile) if prefill_profile else out_dir / "prefill_profile.yaml"
+    extra_args = ["--max-model-len", str(max_model_len)]
+    for name in flavours:
+        flavour = FLAVOURS[name]
+        env = {}
+        if flavour.server == "continuum":
+            env = {**COMMON_CONTINUUM_ENV, **flavour.env, "CONTINUUM_PREFILL_PROFILE": str(profile_path)}
+        server = flavour_server(
+            flavour.server, model, out_dir / "logs", num_blocks=num_blocks,
+            env=env, extra_args=extra_args,
+        )
+        server.log_path = out_dir / "logs" / f"{name}.log"
+        server.name = name
+        print(f"[compare] starting {name} ({flavour.server}, env {env})", flush=True)
+        server.start()
+        try:
+            server.wait_ready(timeout_s=600)
+            if not profile_path.exists():
+                print("[compare] profiling prefill time on this idle server", flush=True)
+                profile = measure(server.base_url, lengths=list(profile_lengths), repeats=2)
+                profile.save(profile_path)
+                print(report(profile), flush=True)
+                setup["prefill_profile"] = {"path": str(profile_path), "c0": profile.c0,
+                                            "c1": profile.c1, "c2": profile.c2,
+                                            "points": _profile_points(profile)}
+                # Let the profile's traffic leave the pool as any idle period would: it
+                # stays cached (evictable), as it would on a server that had run before.
+            runs.append(
+                replay(server.base_url, trace, label=name, time_scale=time_scale,
+                       seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-")
+            )
+        finally:
+            server.stop()
+    print(_report(runs, out_dir, "stock" if "stock" in flavours else None, setup))
+    return 1 if any(r.errors for r in runs) else 0
+
+
+def load_results(path: Path) -> tuple[list[RunResult], dict]:
+    data = json.loads(Path(path).read_text())
+    return [RunResult.from_json(r) for r in data["runs"]], data
+
+
+def _trace_or_spec(value: str) -> Trace:
+    return load_trace(value)

@@ -1,0 +1,239 @@
+"""Replay a trace against an OpenAI-compatible server, as agents would send it.
+
+Each program runs as its own task: it waits for its arrival time, then sends
+its turns one after another to `/v1/completions` with token-id prompts that
+grow exactly as an agent's history does (the previous prompt, the tokens the
+server actually generated, then the turn's new tokens), and sleeps its tool
+durations in between. Output lengths are fixed with `max_tokens` and
+`ignore_eos`. Every request carries the program's `session_id` and the
+continuum hints (`continuum_tool` on a turn that calls a tool,
+`continuum_last_turn` on the last); stock vLLM ignores them.
+
+Recorded per turn: send time, time to first token (streamed), end time,
+prompt and cached tokens (`usage.prompt_tokens_details.cached_tokens`; the
+server needs `--enable-prompt-tokens-details`), output tokens. Per program:
+job completion time (JCT) = end of its last turn - its arrival time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+from tqdm import tqdm
+
+from vllm_continuum.bench.trace import Program, Trace
+
+TOKEN_RANGE = (300, 2000)  # ordinary tokens of the project's tokenizers: no special ones
+
+
+@dataclass
+class TurnRecord:
+    program: str
+    turn: int
+    tool: str | None
+    sent_s: float  # from the run's start
+    ttft_s: float
+    latency_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    prev_prompt_tokens: int  # the previous turn's prompt (0 on a first turn)
+
+
+@dataclass
+class ProgramRecord:
+    program: str
+    arrival_s: float
+    end_s: float
+    turns: int
+
+    @property
+    def jct_s(self) -> float:
+        return self.end_s - self.arrival_s
+
+
+@dataclass
+class RunResult:
+    label: str
+    started_at: float  # wall clock (time.time()) of the start
+    duration_s: float
+    programs: list[ProgramRecord] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "label": self.label,
+            "started_at": self.started_at,
+            "duration_s": self.duration_s,
+            "meta": self.meta,
+            "errors": self.errors,
+            "programs": [{**asdict(p), "jct_s": p.jct_s} for p in self.programs],
+            "turns": [asdict(t) for t in self.turns],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunResult:
+        return cls(
+            label=data["label"],
+            started_at=data["started_at"],
+            duration_s=data["duration_s"],
+            meta=data.get("meta", {}),
+            errors=data.get("errors", []),
+            programs=[
+                ProgramRecord(p["program"], p["arrival_s"], p["end_s"], p["turns"])
+                for p in data["programs"]
+            ],
+            turns=[TurnRecord(**t) for t in data["turns"]],
+        )
+
+
+def new_tokens(program: Program, turn: int, n: int, seed: int) -> list[int]:
+    """The turn's new tokens: random ids, distinct per (seed, program, turn)."""
+    rng = random.Random(f"{seed}/{program.id}/{turn}")
+    return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
+
+
+async def _served_model(client: httpx.AsyncClient) -> str:
+    response = await client.get("/v1/models")
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+async def _send_turn(
+    client: httpx.AsyncClient, body: dict, started: float
+) -> tuple[float, float, list[int], dict]:
+    """Stream one completion; return (ttft, end, generated ids, usage)."""
+    sent = time.perf_counter()
+    first = None
+    ids: list[int] = []
+    usage: dict = {}
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            text = (await response.aread()).decode(errors="replace")[:500]
+            raise RuntimeError(f"HTTP {response.status_code}: {text}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            payload = line[6:].strip()
+            if payload == "[DONE]":
+                break
+            chunk = json.loads(payload)
+            for choice in chunk.get("choices") or []:
+                token_ids = choice.get("token_ids") or []
+                if token_ids and first is None:
+                    first = time.perf_counter()
+                ids.extend(token_ids)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    end = time.perf_counter()
+    return (first or end) - sent, end - started, ids, usage
+
+
+async def _run_program(
+    client: httpx.AsyncClient,
+    model: str,
+    program: Program,
+    started: float,
+    result: RunResult,
+    bar: tqdm,
+    *,
+    time_scale: float,
+    seed: int,
+    session_prefix: str,
+) -> None:
+    arrival = program.arrival_s * time_scale
+    await asyncio.sleep(max(0.0, started + arrival - time.perf_counter()))
+    history: list[int] = []
+    prev_prompt = 0
+    session = f"{session_prefix}{program.id}"
+    for k, turn in enumerate(program.turns):
+        history += new_tokens(program, k, turn.new_tokens, seed)
+        xargs: dict = {"continuum_tool": turn.tool} if turn.tool else {"continuum_last_turn": 1}
+        body = {
+            "model": model,
+            "prompt": history,
+            "max_tokens": turn.output_tokens,
+            "min_tokens": turn.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+            "session_id": session,
+            "vllm_xargs": xargs,
+        }
+        sent_s = time.perf_counter() - started
+        ttft, end_s, ids, usage = await _send_turn(client, body, started)
+        details = usage.get("prompt_tokens_details") or {}
+        result.turns.append(
+            TurnRecord(
+                program=program.id,
+                turn=k,
+                tool=turn.tool,
+                sent_s=sent_s,
+                ttft_s=ttft,
+                latency_s=end_s - sent_s,
+                prompt_tokens=int(usage.get("prompt_tokens", len(history))),
+                cached_tokens=int(details.get("cached_tokens") or 0),
+                output_tokens=int(usage.get("completion_tokens", len(ids))),
+                prev_prompt_tokens=prev_prompt,
+            )
+        )
+        bar.update()
+        prev_prompt = len(history)
+        history += ids
+        if turn.tool:
+            await asyncio.sleep(turn.tool_s * time_scale)
+    result.programs.append(ProgramRecord(program.id, arrival, end_s, len(program.turns)))
+
+
+async def replay_async(
+    base_url: str,
+    trace: Trace,
+    *,
+    label: str = "run",
+    time_scale: float = 1.0,
+    seed: int = 0,
+    timeout_s: float = 3600.0,
+    session_prefix: str = "",
+    progress: bool = True,
+) -> RunResult:
+    result = RunResult(label=label, started_at=time.time(), duration_s=0.0)
+    limits = httpx.Limits(max_connections=len(trace) + 4, max_keepalive_connections=len(trace) + 4)
+    async with httpx.AsyncClient(
+        base_url=base_url.rstrip("/"), timeout=httpx.Timeout(timeout_s), limits=limits
+    ) as client:
+        model = await _served_model(client)
+        total_turns = sum(len(p.turns) for p in trace)
+        with tqdm(total=total_turns, desc=f"replay {label}", unit="turn", disable=not progress) as bar:
+            started = time.perf_counter()
+            tasks = [
+                asyncio.create_task(
+                    _run_program(
+                        client, model, p, started, result, bar,
+                        time_scale=time_scale, seed=seed, session_prefix=session_prefix,
+                    )
+                )
+                for p in trace
+            ]
+            for task, program in zip(tasks, trace):
+                try:
+                    await task
+                except Exception as exc:  # one failed program must not hide the others
+                    result.errors.append(f"{program.id}: {type(exc).__name__}: {exc}")
+            result.duration_s = time.perf_counter() - started
+    result.meta.update({"base_url": base_url, "model": model, "time_scale": time_scale, "seed": seed})
+    result.programs.sort(key=lambda p: p.arrival_s)
+    result.turns.sort(key=lambda t: (t.program, t.turn))
+    return result
+
+
+def replay(base_url: str, trace: Trace, **kwargs) -> RunResult:
+    return asyncio.run(replay_async(base_url, trace, **kwargs))

@@ -1,0 +1,177 @@
+"""Figures, tables and plots from replay or simulation runs.
+
+Every figure is computed from the records of a run (replay.py's RunResult,
+which the simulator fills the same way); nothing here is hard-coded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from vllm_continuum.bench.replay import RunResult
+
+
+def _pct(values, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def _mean(values) -> float:
+    return float(np.mean(values)) if len(values) else float("nan")
+
+
+def summarize(run: RunResult) -> dict:
+    jct = [p.jct_s for p in run.programs]
+    turns = run.turns
+    resumed = [t for t in turns if t.turn > 0]
+    prev = sum(t.prev_prompt_tokens for t in resumed)
+    kept = sum(min(t.cached_tokens, t.prev_prompt_tokens) for t in resumed)
+    prompt = sum(t.prompt_tokens for t in turns)
+    cached = sum(t.cached_tokens for t in turns)
+    output = sum(t.output_tokens for t in turns)
+    start = min((p.arrival_s for p in run.programs), default=0.0)
+    end = max((p.end_s for p in run.programs), default=0.0)
+    makespan = max(1e-9, end - start)
+    return {
+        "label": run.label,
+        "programs": len(run.programs),
+        "turns": len(turns),
+        "errors": len(run.errors),
+        "jct_mean_s": _mean(jct),
+        "jct_p50_s": _pct(jct, 50),
+        "jct_p95_s": _pct(jct, 95),
+        "jct_p99_s": _pct(jct, 99),
+        "ttft_mean_s": _mean([t.ttft_s for t in turns]),
+        "ttft_p95_s": _pct([t.ttft_s for t in turns], 95),
+        "ttft_resumed_mean_s": _mean([t.ttft_s for t in resumed]),
+        # Of the previous turn's prompt, how much the resumed turn found cached.
+        "reuse_of_prev_prompt": kept / prev if prev else float("nan"),
+        "resumed_fully_reused": (
+            sum(t.cached_tokens >= t.prev_prompt_tokens for t in resumed) / len(resumed)
+            if resumed else float("nan")
+        ),
+        "prefix_hit_ratio": cached / prompt if prompt else float("nan"),
+        "prompt_tokens": prompt,
+        "prefilled_tokens": prompt - cached,
+        "makespan_s": makespan,
+        "throughput_programs_per_min": 60 * len(run.programs) / makespan,
+        "throughput_tokens_per_s": (prompt + output) / makespan,
+    }
+
+
+COLUMNS = [
+    ("label", "run", "{}"),
+    ("programs", "programs", "{}"),
+    ("jct_mean_s", "mean JCT s", "{:.2f}"),
+    ("jct_p95_s", "p95 JCT s", "{:.2f}"),
+    ("ttft_mean_s", "mean TTFT s", "{:.3f}"),
+    ("reuse_of_prev_prompt", "reuse of prev prompt", "{:.1%}"),
+    ("prefix_hit_ratio", "prompt cached", "{:.1%}"),
+    ("prefilled_tokens", "tokens prefilled", "{}"),
+    ("throughput_programs_per_min", "programs/min", "{:.2f}"),
+    ("throughput_tokens_per_s", "tokens/s", "{:.1f}"),
+]
+
+
+def markdown_table(summaries: Sequence[dict], baseline: str | None = None, columns=COLUMNS) -> str:
+    """One row per run; with a baseline, ratios: baseline mean JCT / run's, run's throughput / baseline's."""
+    base = next((s for s in summaries if s["label"] == baseline), None)
+    head = [title for _, title, _ in columns]
+    if base is not None:
+        head += [f"{baseline} JCT / JCT", "p95 ratio", "throughput ratio"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summaries:
+        cells = [fmt.format(s[key]) if s.get(key) is not None else "" for key, _, fmt in columns]
+        if base is not None:
+            cells += [
+                f"{base['jct_mean_s'] / s['jct_mean_s']:.2f}x",
+                f"{base['jct_p95_s'] / s['jct_p95_s']:.2f}x",
+                f"{s['throughput_programs_per_min'] / base['throughput_programs_per_min']:.2f}x",
+            ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def by_turn(run: RunResult, key) -> tuple[list[int], list[float]]:
+    groups: dict[int, list[float]] = defaultdict(list)
+    for t in run.turns:
+        value = key(t)
+        if value is not None:
+            groups[t.turn].append(value)
+    ks = sorted(groups)
+    return ks, [float(np.mean(groups[k])) for k in ks]
+
+
+def plot_runs(runs: Sequence[RunResult], out_dir: Path, title: str = "") -> list[Path]:
+    """JCT CDF, mean TTFT by turn, reuse of the previous prompt by turn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        jct = np.sort([p.jct_s for p in run.programs])
+        if len(jct):
+            ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post", label=run.label)
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("fraction of programs")
+    ax.set_title(f"JCT CDF {title}".strip())
+    ax.grid(alpha=0.3)
+    ax.legend()
+    paths.append(_save(fig, out_dir / "jct_cdf.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        ks, ys = by_turn(run, lambda t: t.ttft_s)
+        ax.plot(ks, ys, marker="o", ms=3, label=run.label)
+    ax.set_xlabel("turn (0 = first)")
+    ax.set_ylabel("mean time to first token (s)")
+    ax.set_title(f"TTFT by turn {title}".strip())
+    ax.grid(alpha=0.3)
+    ax.legend()
+    paths.append(_save(fig, out_dir / "ttft_by_turn.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        ks, ys = by_turn(
+            run,
+            lambda t: min(1.0, t.cached_tokens / t.prev_prompt_tokens) if t.prev_prompt_tokens else None,
+        )
+        ax.plot(ks, ys, marker="o", ms=3, label=run.label)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("cached / previous turn's prompt")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"Reuse of the previous prompt {title}".strip())
+    ax.grid(alpha=0.3)
+    ax.legend()
+    paths.append(_save(fig, out_dir / "reuse_by_turn.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def write_runs(runs: Sequence[RunResult], out_dir: Path, extra: dict | None = None) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    data = {
+        "summaries": [summarize(r) for r in runs],
+        "runs": [r.to_json() for r in runs],
+        **(extra or {}),
+    }
+    path.write_text(json.dumps(data, indent=1))
+    return path

@@ -1,0 +1,183 @@
+"""How long one engine step takes, from what the scheduler put in the batch.
+
+A cost model is a YAML file in `configs/cost_models/` with the modelled
+server's scheduler limits, its KV pool in blocks, and one of two step-time
+formulas. For a step whose batch holds requests i with n_i new tokens on top
+of c_i tokens already in their KV cache (a decode has n_i = 1):
+
+    T     = sum n_i                                 tokens computed
+    pairs = sum n_i * c_i + n_i * (n_i + 1) / 2     (query, key) pairs of causal attention
+    kv    = sum (c_i + n_i)                         KV entries read
+
+- `roofline` (a GPU, from its datasheet and the model's shape):
+      step = overhead + max(compute, memory)
+      compute = (flops_per_token * T + attn_flops_per_pair * pairs) / (peak_flops * mfu)
+      memory  = (weight_bytes + kv_bytes_per_token * kv) / (peak_bandwidth * bandwidth_efficiency)
+- `linear` (fitted on a machine, e.g. from `vllm-continuum profile`):
+      step = step_s + per_token_s * T + per_pair_s * pairs + per_seq_s * (decoding requests)
+
+Every constant of a shipped cost model is written in its file with its
+source or marked as an assumption.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from vllm_continuum.policy.prefill_profile import PrefillProfile
+
+COST_MODEL_DIR = Path(__file__).resolve().parents[2] / "configs" / "cost_models"
+
+
+class Roofline(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    flops_per_token: float = Field(gt=0)
+    attn_flops_per_pair: float = Field(ge=0)
+    weight_bytes: float = Field(ge=0)
+    kv_bytes_per_token: float = Field(ge=0)
+    peak_flops: float = Field(gt=0)
+    mfu: float = Field(gt=0, le=1)
+    peak_bandwidth: float = Field(gt=0)
+    bandwidth_efficiency: float = Field(gt=0, le=1)
+    overhead_s: float = Field(ge=0)
+
+
+class Linear(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step_s: float = Field(ge=0)
+    per_token_s: float = Field(ge=0)
+    per_pair_s: float = Field(ge=0)
+    per_seq_s: float = Field(0.0, ge=0)
+
+
+class CostModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    description: str = ""
+    kind: Literal["roofline", "linear"]
+    block_size: int = Field(16, ge=1)
+    num_gpu_blocks: int = Field(ge=2, description="KV pool of the modelled server, in blocks")
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int = Field(ge=1)
+    max_model_len: int = Field(ge=16)
+    roofline: Roofline | None = None
+    linear: Linear | None = None
+
+    def step_time(self, batch: list[tuple[int, int]]) -> float:
+        """batch: (new tokens, tokens already cached) per scheduled request."""
+        tokens = 0
+        pairs = 0.0
+        kv = 0
+        for n, c in batch:
+            tokens += n
+            pairs += n * c + n * (n + 1) / 2
+            kv += c + n
+        if self.kind == "roofline":
+            r = self.roofline
+            compute = (r.flops_per_token * tokens + r.attn_flops_per_pair * pairs) / (r.peak_flops * r.mfu)
+            memory = (r.weight_bytes + r.kv_bytes_per_token * kv) / (
+                r.peak_bandwidth * r.bandwidth_efficiency
+            )
+            return r.overhead_s + max(compute, memory)
+        lin = self.linear
+        decodes = sum(1 for n, c in batch if n == 1 and c > 0)
+        return lin.step_s + lin.per_token_s * tokens + lin.per_pair_s * pairs + lin.per_seq_s * decodes
+
+    def prefill_seconds(self, num_tokens: int) -> float:
+        """A lone cold prefill of num_tokens, chunked as the scheduler chunks it."""
+        total, done = 0.0, 0
+        while done < num_tokens:
+            n = min(self.max_num_batched_tokens, num_tokens - done)
+            total += self.step_time([(n, done)])
+            done += n
+        return total
+
+    def prefill_profile(self) -> PrefillProfile:
+        """What `vllm-continuum profile` would fit on the modelled server: the
+        quadratic through cold prefills of doubling lengths."""
+        lengths, n = [], 128
+        while n < self.max_model_len:
+            lengths.append(n)
+            n *= 2
+        lengths.append(self.max_model_len - 16)
+        points = [(n, self.prefill_seconds(n)) for n in lengths]
+        return PrefillProfile.fit(points, source=f"fitted to cost model {self.name}")
+
+    def max_step_s(self) -> float:
+        """A bound on one prefill step: a full chunk at the end of the longest context."""
+        n = min(self.max_num_batched_tokens, self.max_model_len)
+        return self.step_time([(n, self.max_model_len - n)])
+
+    @property
+    def pool_tokens(self) -> int:
+        return (self.num_gpu_blocks - 1) * self.block_size
+
+
+def load_cost_model(name_or_path: str | Path) -> CostModel:
+    path = Path(name_or_path)
+    if not path.is_file():
+        candidate = COST_MODEL_DIR / f"{name_or_path}.yaml"
+        if not candidate.is_file():
+            known = sorted(p.stem for p in COST_MODEL_DIR.glob("*.yaml"))
+            raise FileNotFoundError(f"no cost model {name_or_path!r}; known: {known}")
+        path = candidate
+    model = CostModel.model_validate(yaml.safe_load(path.read_text()))
+    if (model.kind == "roofline") != (model.roofline is not None) or (
+        model.kind == "linear"
+    ) != (model.linear is not None):
+        raise ValueError(f"{path}: kind {model.kind!r} needs its own section")
+    return model
+
+
+def fit_linear(profile: PrefillProfile, decode_step_s: float | None) -> Linear:
+    """A linear step model from a prefill profile t(n) = c0 + c1 n + c2 n².
+
+    A cold prefill of n tokens has n(n+1)/2 attention pairs, so per_pair = 2 c2,
+    per_token = c1 - c2 (the n/2 part of the pairs), step = c0. A measured decode
+    step time, if given, sets per_seq (a cost per decoding request) so that a
+    lone decode at a 256-token context costs what was measured."""
+    c0, c1, c2 = max(0.0, profile.c0), max(0.0, profile.c1), max(0.0, profile.c2)
+    per_pair = 2 * c2
+    per_token = max(0.0, c1 - c2)
+    per_seq = 0.0
+    if decode_step_s is not None:
+        modelled = c0 + per_token + per_pair * 257
+        per_seq = max(0.0, decode_step_s - modelled)
+    return Linear(step_s=c0, per_token_s=per_token, per_pair_s=per_pair, per_seq_s=per_seq)
+
+
+def run_fit_cost_model(
+    profile_path: Path, out: Path, num_blocks: int, block_size: int,
+    decode_step_s: float | None, command: str = "",
+) -> int:
+    profile = PrefillProfile.load(profile_path)
+    linear = fit_linear(profile, decode_step_s)
+    top = max((n for n, _ in profile.points), default=2048)
+    data = {
+        "name": Path(out).stem,
+        "description": (
+            f"Fitted from {profile_path} ({profile.source}) by `{command or 'fit-cost-model'}`. "
+            "Prefill t(n) = c0 + c1 n + c2 n^2 maps to step = c0 + (c1 - c2) T + 2 c2 pairs; "
+            "a decode step costs step_s + per_token_s + per_pair_s * context + per_seq_s."
+        ),
+        "kind": "linear",
+        "block_size": block_size,
+        "num_gpu_blocks": num_blocks,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 4096,
+        "max_model_len": int(2 ** math.ceil(math.log2(max(top, 256)))),
+        "linear": linear.model_dump(),
+        "profile": {"c0": profile.c0, "c1": profile.c1, "c2": profile.c2,
+                    "points": [[n, t] for n, t in profile.points]},
+        "decode_step_s": decode_step_s,
+    }
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(yaml.safe_dump(data, sort_keys=False))
+    print(yaml.safe_dump(data, sort_keys=False))
+    print(f"wrote {out}")
+    return 0

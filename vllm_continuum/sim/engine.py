@@ -1,0 +1,226 @@
+"""Build the real schedulers for simulation: vLLM's `Scheduler` (stock) and our
+`ContinuumScheduler` under each policy, with the modelled server's KV pool.
+
+As vLLM's own CPU scheduler tests (and tests/harness.py) do: the scheduler,
+KV cache manager, block pool and prefix cache are vLLM's; only the model
+runner is replaced by synthetic outputs. The KV cache config is a fake (one
+full-attention group of `num_gpu_blocks` blocks); no tensor is allocated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_continuum.policy.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
+from vllm_continuum.sim.cost_model import CostModel
+
+# name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get OracleTTLPolicy.
+POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
+    "stock": (False, {}),
+    "never": (True, {"TTL_POLICY": "never"}),
+    "continuum": (True, {"TTL_POLICY": "continuum"}),
+    "continuum-hold": (True, {"TTL_POLICY": "continuum", "PRESSURE_POLICY": "hold"}),
+    "fixed": (True, {"TTL_POLICY": "fixed"}),
+    "forever": (True, {"TTL_POLICY": "forever"}),
+    "forever-hold": (True, {"TTL_POLICY": "forever", "PRESSURE_POLICY": "hold"}),
+    "oracle": (True, {"TTL_POLICY": "never"}),
+    "oracle-hold": (True, {"TTL_POLICY": "never", "PRESSURE_POLICY": "hold"}),
+    "oracle-eq2": (True, {"TTL_POLICY": "never"}),
+}
+
+
+class SimClock:
+    """The simulated clock: the scheduler reads it, the event loop moves it."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class OracleTTLPolicy(TTLPolicy):
+    """A TTL policy that knows each tool call's real duration (from the trace).
+
+    mode "always" (policy `oracle`): every tool call is pinned for exactly its
+    real duration plus `slack_s`, the longest a step can take, since a turn
+    that arrives during a step is added at the step's end. A pin then never
+    outlives its use (the next turn takes it over when admitted) and is never
+    given up early: the most reuse any TTL can buy, at the least pinned time.
+    It is not capped by `max_ttl_s`. It is bounded, like every policy, by the
+    pinned-memory caps and the pressure policy.
+
+    mode "eq2" (policy `oracle-eq2`): the paper's Eq. 2 with a perfect
+    predictor: P(tau) is a step at the real duration d, so pin for d (+ slack)
+    iff B = T * eta + PrefillReload(r) exceeds d, with T, eta measured online
+    and the prefill profile, exactly as the `continuum` policy computes B.
+    """
+
+    name = "oracle"
+
+    def __init__(
+        self,
+        durations: Callable[[str], float | None],
+        slack_s: float,
+        mode: str = "always",
+        benefit: Callable[[TurnEnd], float] | None = None,
+    ) -> None:
+        super().__init__(max_ttl_s=float("inf"))
+        self.durations = durations
+        self.slack_s = slack_s
+        self.mode = mode
+        self.benefit = benefit
+
+    def choose(self, turn: TurnEnd) -> TTLDecision:
+        d = self.durations(turn.session_id)
+        if d is None:
+            return TTLDecision(0.0, "oracle: unknown")
+        if self.mode == "eq2":
+            b = self.benefit(turn) if self.benefit else 0.0
+            if optimal_ttl([d], b) <= 0 and not (d == 0 and b > 0):
+                return TTLDecision(0.0, "oracle-eq2: not worth it")
+        return TTLDecision(d + self.slack_s, f"oracle-{self.mode}")
+
+
+@contextlib.contextmanager
+def continuum_env(settings: dict[str, str]) -> Iterator[None]:
+    """CONTINUUM_* variables for the scheduler's construction only."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("CONTINUUM_")}
+    for k in saved:
+        del os.environ[k]
+    os.environ.update({f"CONTINUUM_{k}": v for k, v in settings.items()})
+    try:
+        yield
+    finally:
+        for k in [k for k in os.environ if k.startswith("CONTINUUM_")]:
+            del os.environ[k]
+        os.environ.update(saved)
+
+
+def sim_model_dir(max_model_len: int) -> str:
+    """A model directory for vLLM's ModelConfig: the tiny model's tokenizer and
+    config, with a context window as long as the modelled model's (no weights
+    are loaded by the scheduler)."""
+    from vllm_continuum.tiny_model import build_tiny_model
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-continuum"
+    tiny = build_tiny_model(cache / "tiny-model")
+    target = cache / f"sim-model-{max_model_len}"
+    marker = target / "config.json"
+    if marker.is_file() and json.loads(marker.read_text()).get("max_position_embeddings") == max_model_len:
+        return str(target)
+    tmp = Path(tempfile.mkdtemp(prefix=".sim-model-", dir=cache))
+    try:
+        for f in tiny.iterdir():
+            if f.is_file() and f.name != "model.safetensors":
+                shutil.copy(f, tmp / f.name)
+        config = json.loads((tmp / "config.json").read_text())
+        config["max_position_embeddings"] = max_model_len
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+@dataclass
+class BuiltScheduler:
+    scheduler: object
+    policy: str
+    continuum: bool
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+def build_scheduler(
+    policy: str,
+    cost: CostModel,
+    clock: SimClock,
+    *,
+    prefill_profile_path: str | None = None,
+    extra_settings: dict[str, str] | None = None,
+    oracle_durations: Callable[[str], float | None] | None = None,
+) -> BuiltScheduler:
+    import torch
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from vllm_continuum.scheduler import ContinuumScheduler
+
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known: {sorted(POLICIES)}")
+    is_continuum, base = POLICIES[policy]
+    settings = {**base, **(extra_settings or {})}
+    if prefill_profile_path:
+        settings.setdefault("PREFILL_PROFILE", prefill_profile_path)
+    model_config = ModelConfig(model=sim_model_dir(cost.max_model_len),
+                               max_model_len=cost.max_model_len, seed=0)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=cost.max_num_seqs,
+        max_num_batched_tokens=cost.max_num_batched_tokens,
+        max_model_len=cost.max_model_len,
+        enable_chunked_prefill=True,
+        async_scheduling=False,
+        policy="fcfs",
+        is_encoder_decoder=False,
+    )
+    cache_config = CacheConfig(block_size=cost.block_size, enable_prefix_caching=True)
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+        device_config=DeviceConfig(device="cpu"),
+    )
+    cache_config.num_gpu_blocks = cost.num_gpu_blocks
+    kv_cache_config = KVCacheConfig(
+        num_blocks=cost.num_gpu_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"],
+                FullAttentionSpec(block_size=cost.block_size, num_kv_heads=1, head_size=64,
+                                  dtype=torch.float32),
+            )
+        ],
+    )
+    cls = ContinuumScheduler if is_continuum else Scheduler
+    os.environ.pop("CONTINUUM_METRICS_DIR", None)  # no metrics export from a simulation
+    with continuum_env(settings if is_continuum else {}):
+        scheduler = cls(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=cost.block_size,
+            log_stats=False,
+        )
+    if is_continuum:
+        scheduler.clock = clock
+        if policy.startswith("oracle"):
+            assert oracle_durations is not None
+            mode = "eq2" if policy == "oracle-eq2" else "always"
+            benefit = None
+            if mode == "eq2":
+                from vllm_continuum.policy.prefill_profile import PrefillProfile
+
+                profile = PrefillProfile.load(prefill_profile_path) if prefill_profile_path else PrefillProfile()
+                workload = scheduler.workload
+
+                def benefit(turn: TurnEnd) -> float:
+                    return max(0.0, workload.mean_queueing_delay_s * workload.eta
+                               + profile.seconds(turn.num_context_tokens))
+
+            scheduler.ttl_policy = OracleTTLPolicy(
+                oracle_durations, slack_s=cost.max_step_s(), mode=mode, benefit=benefit
+            )
+    return BuiltScheduler(scheduler, policy, is_continuum, settings if is_continuum else {})

@@ -1,0 +1,221 @@
+"""`vllm-continuum sim`: the paper-scale simulation, per policy and over a sweep
+of arrival rates, with tables, JSON and plots.
+
+Every policy runs the same trace through the real scheduler class (sim/
+engine.py) on the same cost model and KV pool. The `continuum` policies get
+the prefill profile that `vllm-continuum profile` would fit on the modelled
+server (the cost model's own cold prefills). Deterministic under the seed:
+the simulated clock drives everything.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from vllm_continuum.bench.replay import RunResult
+from vllm_continuum.bench.report import markdown_table, plot_runs, summarize, write_runs
+from vllm_continuum.bench.trace import Trace
+from vllm_continuum.bench.workload import load_trace
+from vllm_continuum.sim.cost_model import CostModel, load_cost_model
+from vllm_continuum.sim.loop import Simulation
+
+DEFAULT_SWEEP = (0.02, 0.04, 0.06, 0.08, 0.10, 0.13)
+
+SIM_COLUMNS = [
+    ("label", "policy", "{}"),
+    ("programs", "programs", "{}"),
+    ("jct_mean_s", "mean JCT s", "{:.2f}"),
+    ("jct_p95_s", "p95 JCT s", "{:.2f}"),
+    ("ttft_mean_s", "mean TTFT s", "{:.3f}"),
+    ("reuse_of_prev_prompt", "reuse of prev prompt", "{:.1%}"),
+    ("prefix_hit_ratio", "prompt cached", "{:.1%}"),
+    ("prefilled_tokens", "tokens prefilled", "{}"),
+    ("throughput_programs_per_min", "programs/min", "{:.2f}"),
+    ("throughput_tokens_per_s", "tokens/s", "{:.0f}"),
+]
+
+
+def prepare_profile(cost: CostModel, out_dir: Path) -> Path:
+    profile = cost.prefill_profile()
+    path = out_dir / "prefill_profile.yaml"
+    profile.save(path)
+    return path
+
+
+def simulate(
+    trace: Trace,
+    cost: CostModel,
+    policy: str,
+    profile_path: Path | None,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+    time_scheduler: bool = False,
+    extra_settings: dict[str, str] | None = None,
+    desc: str = "",
+) -> tuple[RunResult, Simulation]:
+    """One policy on one trace. extra_settings: CONTINUUM_* fields (without the
+    prefix) for the continuum schedulers, e.g. {"COLD_START_SAMPLES": "20"}."""
+    total = sum(len(p.turns) for p in trace)
+    with tqdm(total=total, desc=desc or f"sim {policy}", unit="turn", disable=not progress,
+              leave=False) as bar:
+        sim = Simulation(
+            trace, cost, policy, seed=seed,
+            prefill_profile_path=str(profile_path) if profile_path else None,
+            extra_settings=extra_settings, time_scheduler=time_scheduler, progress=bar,
+        )
+        result = sim.run()
+    return result, sim
+
+
+def _oracle_ratio(summaries: list[dict]) -> str:
+    oracle = next((s for s in summaries if s["label"] == "oracle"), None)
+    if oracle is None:
+        return ""
+    lines = ["", "| policy | mean JCT / oracle's | p95 JCT / oracle's |", "|---|---|---|"]
+    for s in summaries:
+        lines.append(f"| {s['label']} | {s['jct_mean_s'] / oracle['jct_mean_s']:.3f}x | "
+                     f"{s['jct_p95_s'] / oracle['jct_p95_s']:.3f}x |")
+    return "\n".join(lines)
+
+
+def _pin_lines(runs: Sequence[RunResult]) -> list[str]:
+    lines = []
+    for r in runs:
+        cs = r.meta.get("continuum_stats")
+        extra = f"steps {r.meta['steps']}, preemptions {r.meta['preemptions']}"
+        if cs:
+            pins = sum(cs["pins_by_tool"].values())
+            extra += (f", pins {pins}, releases {cs['releases_by_reason']}, "
+                      f"resumes {cs['resumes_by_outcome']}, refused by cap {cs['pins_refused_by_cap']}")
+        lines.append(f"{r.label}: {extra}")
+    return lines
+
+
+def sweep_rates(
+    workload: str, cost: CostModel, profile_path: Path, policies: Sequence[str], rates: Sequence[float],
+    *, num_programs: int | None, seed: int | None, out_dir: Path,
+    settings: dict[str, str] | None = None,
+) -> tuple[str, list[dict]]:
+    rows: list[dict] = []
+    for rate in tqdm(rates, desc="sweep", unit="rate"):
+        trace = load_trace(workload, num_programs=num_programs, arrival_rate=rate, seed=seed)
+        for policy in policies:
+            run, _ = simulate(trace, cost, policy, profile_path, desc=f"rate {rate} {policy}",
+                              extra_settings=settings)
+            rows.append({"rate": rate, **summarize(run)})
+    base = {r["rate"]: r for r in rows if r["label"] == "stock"}
+    oracle = {r["rate"]: r for r in rows if r["label"] == "oracle"}
+    head = ["rate /s", "policy", "mean JCT s", "p95 JCT s", "programs/min", "reuse of prev prompt"]
+    if base:
+        head += ["stock / mean JCT", "stock / p95 JCT"]
+    if oracle:
+        head += ["mean JCT / oracle"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"{r['rate']:.3g}", r["label"], f"{r['jct_mean_s']:.2f}", f"{r['jct_p95_s']:.2f}",
+                 f"{r['throughput_programs_per_min']:.2f}", f"{r['reuse_of_prev_prompt']:.1%}"]
+        if base:
+            b = base[r["rate"]]
+            cells += [f"{b['jct_mean_s'] / r['jct_mean_s']:.2f}x", f"{b['jct_p95_s'] / r['jct_p95_s']:.2f}x"]
+        if oracle:
+            cells += [f"{r['jct_mean_s'] / oracle[r['rate']]['jct_mean_s']:.3f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+    _plot_sweep(rows, out_dir / "plots")
+    return "\n".join(lines), rows
+
+
+def _plot_sweep(rows: list[dict], out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    policies = list(dict.fromkeys(r["label"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for policy in policies:
+        pts = sorted((r["rate"], r["jct_mean_s"], r["jct_p95_s"]) for r in rows if r["label"] == policy)
+        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=policy)
+        axes[1].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=policy)
+    for ax, what in zip(axes, ("mean", "p95")):
+        ax.set_xlabel("arrival rate (programs/s)")
+        ax.set_ylabel(f"{what} JCT (s)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "sweep_jct.png", dpi=110)
+    plt.close(fig)
+
+
+def run_sim(
+    workload: str = "swebench",
+    cost_model: str = "h100-llama3.1-8b",
+    out_dir: Path = Path("runs/sim"),
+    *,
+    policies: Sequence[str] = ("stock", "continuum", "oracle"),
+    num_programs: int | None = None,
+    rate: float | None = None,
+    seed: int | None = None,
+    sweep: Sequence[float] | None = None,
+    sweep_programs: int | None = None,
+    settings: dict[str, str] | None = None,
+    command: str = "",
+) -> int:
+    started = time.perf_counter()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cost = load_cost_model(cost_model)
+    profile_path = prepare_profile(cost, out_dir)
+    trace = load_trace(workload, num_programs=num_programs, arrival_rate=rate, seed=seed)
+    trace.save(out_dir / "trace.jsonl")
+    setup = {
+        "command": command,
+        "workload": workload,
+        "trace": trace.summary(),
+        "cost_model": cost.model_dump(),
+        "prefill_profile": str(profile_path),
+        "policies": list(policies),
+        "settings": settings or {},
+    }
+    print(f"workload {workload}: {json.dumps(trace.summary())}")
+    print(f"cost model {cost.name}: KV pool {cost.num_gpu_blocks} blocks of {cost.block_size} "
+          f"({cost.pool_tokens} tokens); cold prefill 10k tokens {cost.prefill_seconds(10000):.3f} s")
+    runs: list[RunResult] = []
+    walls: dict[str, float] = {}
+    for policy in tqdm(policies, desc="policies", unit="policy"):
+        t0 = time.perf_counter()
+        run, _ = simulate(trace, cost, policy, profile_path, extra_settings=settings)
+        walls[policy] = time.perf_counter() - t0
+        runs.append(run)
+    summaries = [summarize(r) for r in runs]
+    table = markdown_table(summaries, baseline="stock" if "stock" in policies else None,
+                           columns=SIM_COLUMNS)
+    text = [f"## {workload}, {len(trace)} programs, rate {trace.meta.get('arrival_rate')} /s, "
+            f"cost model {cost.name}", "", table, _oracle_ratio(summaries), ""]
+    text += _pin_lines(runs)
+    sweep_rows: list[dict] = []
+    if sweep is not None:
+        rates = list(sweep) or list(DEFAULT_SWEEP)
+        sweep_table, sweep_rows = sweep_rates(
+            workload, cost, profile_path, policies, rates,
+            num_programs=sweep_programs or num_programs, seed=seed, out_dir=out_dir,
+            settings=settings,
+        )
+        text += ["", f"## sweep over arrival rate ({workload}, cost model {cost.name})", "", sweep_table]
+    elapsed = time.perf_counter() - started
+    text += ["", "wall time per policy: " + ", ".join(f"{k} {v:.0f} s" for k, v in walls.items()),
+             f"total wall time: {elapsed:.0f} s", f"reproduce: {command or 'vllm-continuum sim'}"]
+    setup["wall_s"] = {"per_policy": walls, "total": elapsed}
+    write_runs(runs, out_dir, extra={"setup": setup, "sweep": sweep_rows})
+    plots = plot_runs(runs, out_dir / "plots", title=f"({workload}, sim)")
+    report = "\n".join(text)
+    (out_dir / "report.md").write_text(report + "\n")
+    print(report)
+    print(f"results: {out_dir / 'results.json'}; plots: {', '.join(str(p) for p in plots)}")
+    return 0
