@@ -39,7 +39,7 @@ def _compare(args: argparse.Namespace) -> int:
         num_layers=args.layers, num_blocks=args.num_blocks, max_model_len=args.max_model_len,
         num_programs=args.programs, rate=args.rate, seed=args.seed,
         time_scale=args.time_scale, prefill_profile=args.prefill_profile,
-        command=_command_line(),
+        repeats=args.repeats, command=_command_line(),
     )
 
 
@@ -117,7 +117,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--prefill-profile", type=Path,
-                   help="profile YAML for continuum (default: measured on the stock server)")
+                   help="profile YAML for continuum (default: measured on the first server)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of the flavours, in alternating order (A B, B A, ...)")
     p.add_argument("--out", type=Path, default=Path("runs/compare"))
     p.set_defaults(run=_compare)
 

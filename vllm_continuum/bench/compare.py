@@ -118,9 +118,15 @@ def run_compare(
     time_scale: float = 1.0,
     prefill_profile: Path | None = None,
     profile_lengths: Sequence[int] = (128, 256, 512, 1024, 2048),
+    repeats: int = 1,
     command: str = "",
 ) -> int:
-    """Start each flavour's server in turn, replay the same trace, print ratios."""
+    """Start each flavour's server in turn, replay the same trace, print ratios.
+
+    With repeats > 1 the flavours run in rounds of alternating order (A B, B A,
+    A B, ...), so that a drift in the machine's load weighs on each alike; the
+    table pools each flavour's programs over its rounds and a second table gives
+    each round's ratio to stock."""
     from vllm_continuum.bench.model import build_bench_model
     from vllm_continuum.profile import measure, report
     from vllm_continuum.server import flavour_server
@@ -149,10 +155,15 @@ def run_compare(
         "time_scale": time_scale,
     }
     print(json.dumps({k: v for k, v in setup.items() if k != "command"}, indent=1))
-    runs: list[RunResult] = []
+    rounds: list[list[RunResult]] = []
     profile_path = Path(prefill_profile) if prefill_profile else out_dir / "prefill_profile.yaml"
     extra_args = ["--max-model-len", str(max_model_len)]
-    for name in flavours:
+    setup["repeats"] = repeats
+    schedule = [(r, name) for r in range(repeats)
+                for name in (flavours if r % 2 == 0 else list(reversed(flavours)))]
+    for round_no, name in schedule:
+        if len(rounds) <= round_no:
+            rounds.append([])
         flavour = FLAVOURS[name]
         env = {}
         if flavour.server == "continuum":
@@ -163,7 +174,8 @@ def run_compare(
         )
         server.log_path = out_dir / "logs" / f"{name}.log"
         server.name = name
-        print(f"[compare] starting {name} ({flavour.server}, env {env})", flush=True)
+        print(f"[compare] round {round_no + 1}/{repeats}: starting {name} "
+              f"({flavour.server}, env {env})", flush=True)
         server.start()
         try:
             server.wait_ready(timeout_s=600)
@@ -177,14 +189,49 @@ def run_compare(
                                             "points": _profile_points(profile)}
                 # Let the profile's traffic leave the pool as any idle period would: it
                 # stays cached (evictable), as it would on a server that had run before.
-            runs.append(
-                replay(server.base_url, trace, label=name, time_scale=time_scale,
-                       seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-")
-            )
+            run = replay(server.base_url, trace, label=name, time_scale=time_scale,
+                         seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-")
+            run.meta["round"] = round_no + 1
+            rounds[round_no].append(run)
         finally:
             server.stop()
-    print(_report(runs, out_dir, "stock" if "stock" in flavours else None, setup))
+    runs = [merge_runs([r for rnd in rounds for r in rnd if r.label == name], name)
+            for name in flavours]
+    text = _report(runs, out_dir, "stock" if "stock" in flavours else None, setup)
+    if repeats > 1:
+        text += "\n\n" + round_table(rounds)
+        (out_dir / "rounds.md").write_text(round_table(rounds) + "\n")
+    print(text)
     return 1 if any(r.errors for r in runs) else 0
+
+
+def merge_runs(runs: Sequence[RunResult], label: str) -> RunResult:
+    """One flavour's rounds as one run (program ids prefixed by the round)."""
+    if len(runs) == 1:
+        return runs[0]
+    merged = RunResult(label=label, started_at=runs[0].started_at,
+                       duration_s=sum(r.duration_s for r in runs), meta={"rounds": len(runs)})
+    for i, r in enumerate(runs, 1):
+        for p in r.programs:
+            merged.programs.append(type(p)(f"r{i}/{p.program}", p.arrival_s, p.end_s, p.turns))
+        for t in r.turns:
+            merged.turns.append(type(t)(**{**t.__dict__, "program": f"r{i}/{t.program}"}))
+        merged.errors += r.errors
+    return merged
+
+
+def round_table(rounds: Sequence[Sequence[RunResult]]) -> str:
+    lines = ["| round | order | run | mean JCT s | stock / mean JCT | reuse of prev prompt |",
+             "|---|---|---|---|---|---|"]
+    for i, rnd in enumerate(rounds, 1):
+        sums = [summarize(r) for r in rnd]
+        base = next((s for s in sums if s["label"] == "stock"), None)
+        order = " then ".join(r.label for r in rnd)
+        for s in sums:
+            ratio = f"{base['jct_mean_s'] / s['jct_mean_s']:.2f}x" if base else ""
+            lines.append(f"| {i} | {order} | {s['label']} | {s['jct_mean_s']:.2f} | {ratio} | "
+                         f"{s['reuse_of_prev_prompt']:.1%} |")
+    return "\n".join(lines)
 
 
 def load_results(path: Path) -> tuple[list[RunResult], dict]:

@@ -22,7 +22,6 @@ source or marked as an assumption.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Literal
 
@@ -153,11 +152,13 @@ def fit_linear(profile: PrefillProfile, decode_step_s: float | None) -> Linear:
 
 def run_fit_cost_model(
     profile_path: Path, out: Path, num_blocks: int, block_size: int,
-    decode_step_s: float | None, command: str = "",
+    decode_step_s: float | None, command: str = "", *,
+    max_num_seqs: int = 128, max_num_batched_tokens: int = 2048, max_model_len: int = 4096,
 ) -> int:
+    """Defaults: what vLLM's OpenAI server uses on a CPU (arg_utils.py: 2048
+    batched tokens, 128 sequences) and the compare runner's max_model_len."""
     profile = PrefillProfile.load(profile_path)
     linear = fit_linear(profile, decode_step_s)
-    top = max((n for n, _ in profile.points), default=2048)
     data = {
         "name": Path(out).stem,
         "description": (
@@ -168,9 +169,9 @@ def run_fit_cost_model(
         "kind": "linear",
         "block_size": block_size,
         "num_gpu_blocks": num_blocks,
-        "max_num_seqs": 256,
-        "max_num_batched_tokens": 4096,
-        "max_model_len": int(2 ** math.ceil(math.log2(max(top, 256)))),
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_model_len": max_model_len,
         "linear": linear.model_dump(),
         "profile": {"c0": profile.c0, "c1": profile.c1, "c2": profile.c2,
                     "points": [[n, t] for n, t in profile.points]},
