@@ -90,3 +90,34 @@ def test_trace_without_header_and_bad_lines(tmp_path):
         Trace.parse(['{"format": "vllm-continuum-trace/1"}', '{"id": "y"}'], source="t.jsonl")
     with pytest.raises(ValueError, match="unsupported format"):
         Trace.parse(['{"format": "other/9"}'])
+
+
+def test_convert_chat_transcripts(tmp_path):
+    from vllm_continuum.bench.convert import convert
+
+    traj = {  # the shape of a mini-swe-agent trajectory
+        "info": {"exit_status": "Submitted"},
+        "messages": [
+            {"role": "system", "content": "s" * 400},
+            {"role": "user", "content": "u" * 800},
+            {"role": "assistant", "content": "THOUGHT\n```bash\ngrep -rn foo src/\n```",
+             "timestamp": 100.0},
+            {"role": "user", "content": "o" * 200, "timestamp": 101.5},
+            {"role": "assistant", "content": None, "timestamp": 103.0, "tool_calls": [
+                {"type": "function", "function": {"name": "run_tests", "arguments": "{}"}}]},
+            {"role": "tool", "content": "ok", "timestamp": 109.0},
+            {"role": "assistant", "content": "done", "timestamp": 110.0},
+        ],
+    }
+    (tmp_path / "a.traj.json").write_text(json.dumps(traj))
+    untimed = [{k: v for k, v in m.items() if k != "timestamp"} for m in traj["messages"][:5]]
+    (tmp_path / "b.jsonl").write_text(json.dumps(untimed) + "\n")
+    trace = convert([tmp_path], tmp_path / "out.jsonl", rate=0.5, seed=1)
+    a = next(p for p in trace if p.id == "a")
+    assert [t.tool for t in a.turns] == ["grep", "run_tests", None]
+    assert [t.tool_s for t in a.turns] == [1.5, 6.0, 0.0]
+    assert a.turns[0].new_tokens == 300 and a.turns[1].new_tokens == 50
+    b = next(p for p in trace if p.id == "b-0")
+    assert [t.tool for t in b.turns] == ["grep", None]
+    assert b.turns[0].tool_s > 0  # drawn from swebench's grep profile
+    assert Trace.load(tmp_path / "out.jsonl").meta["tool_durations"].startswith("drawn")

@@ -3,6 +3,7 @@
     bench      replay a workload against a running OpenAI-compatible server
     compare    start stock vLLM and continuum one after the other, same trace; ratios
     workload   write a workload's trace (JSONL) and print its statistics
+    convert    recorded agent transcripts (mini-swe-agent, OpenAI messages) to a trace
     sim        paper-scale simulation driving the real schedulers (sim/)
     overhead   schedule() + update_from_output() time per step, ours vs stock
 
@@ -53,6 +54,18 @@ def _workload(args: argparse.Namespace) -> int:
     if args.out:
         trace.save(args.out)
         print(f"wrote {args.out}")
+    print(json.dumps(trace.summary(), indent=1))
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import json
+
+    from vllm_continuum.bench.convert import convert
+
+    trace = convert(args.inputs, args.out, rate=args.rate, seed=args.seed,
+                    tokenizer=args.tokenizer, durations_from=args.durations_from)
+    print(f"wrote {args.out}: {json.dumps(trace.meta)}")
     print(json.dumps(trace.summary(), indent=1))
     return 0
 
@@ -127,6 +140,18 @@ def register(subparsers) -> None:
     _workload_args(p, "swebench")
     p.add_argument("--out", type=Path)
     p.set_defaults(run=_workload)
+
+    p = subparsers.add_parser(
+        "convert", help="recorded agent chat transcripts (e.g. mini-swe-agent .traj.json) to a trace"
+    )
+    p.add_argument("inputs", type=Path, nargs="+", help="JSON/JSONL files or directories")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--rate", type=float, default=0.1, help="Poisson arrival rate, programs/s")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", help="HF tokenizer to count tokens (default: 4 chars/token)")
+    p.add_argument("--durations-from", default="swebench",
+                   help="workload spec whose tool profiles fill in durations without timestamps")
+    p.set_defaults(run=_convert)
 
     p = subparsers.add_parser("sim", help="simulate the real schedulers at paper scale")
     _workload_args(p, "swebench")
