@@ -25,6 +25,7 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllm_continuum.demo import DEMO_ENV
 from vllm_continuum.metrics.snapshot import EXPIRY_GRACE_S
 from vllm_continuum.pause_scenario import run_pause_scenario
 from vllm_continuum.server import BLOCK_SIZE, CPU_SERVER_FLAGS, VLLMServer, free_port
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "grafana" / "dashboards" / "vllm-continuum.json"
-SERVER_ENV = {"CONTINUUM_TTL_POLICY": "fixed", "CONTINUUM_DEFAULT_TTL_S": "30"}
+TTL_S = float(DEMO_ENV["CONTINUUM_DEFAULT_TTL_S"])  # live_servers' fixed TTL; ours too
 SCRAPE_S = 1.0
 JOBS = ("single", "two_api")
 REASONS = ("resumed", "expired", "pressure", "last_turn", "aborted", "reset", "replaced")
@@ -74,7 +75,7 @@ def two_api_started(tiny_model_dir, tmp_path_factory):
         "--api-server-count", "2",
     ]
     log = tmp_path_factory.mktemp("server-logs-metrics") / "two_api.log"
-    server = CliServer(tiny_model_dir, args, env=SERVER_ENV, log_path=log, name="two_api")
+    server = CliServer(tiny_model_dir, args, env=DEMO_ENV, log_path=log, name="two_api")
     server.start()
     yield server
     server.stop()
@@ -112,6 +113,17 @@ class Prometheus:
                 return
             time.sleep(0.2)
         raise TimeoutError(f"Prometheus did not scrape {job} within 30 s")
+
+    def quiesce(self, job: str) -> None:
+        """Settle, and wait out pins left by earlier tests on a shared server
+        (their TTL passes with no traffic), so that deltas are ours alone."""
+        deadline = time.time() + TTL_S + EXPIRY_GRACE_S + 15
+        while True:
+            self.settle(job)
+            if self.value(f'sum(continuum_pinned_sessions{{job="{job}"}})') == 0:
+                return
+            assert time.time() < deadline, f"pins on {job} never expired"
+            time.sleep(1)
 
     def state(self, job: str) -> dict[str, float]:
         """Every continuum figure of one server, as Prometheus holds it now."""
@@ -200,7 +212,7 @@ def delta(after: dict, before: dict) -> dict[str, float]:
 @pytest.mark.parametrize("job", JOBS)
 def test_pause_scenario_moves_the_counters_it_should(servers, prometheus, job):
     server = servers[job]
-    prometheus.settle(job)
+    prometheus.quiesce(job)
     before = prometheus.state(job)
     # A session id of its own (the flavour string), the well-trodden seed.
     result = run_pause_scenario(server.base_url, f"metrics-{job}", seed=0)
@@ -215,10 +227,10 @@ def test_pause_scenario_moves_the_counters_it_should(servers, prometheus, job):
     assert d["continuum_resume_prompt_tokens_total"] == result.turn2_prompt_tokens
     assert d["continuum_resume_cached_tokens_total"] == result.turn2_cached_tokens
     assert d["continuum_resume_cached_tokens_total"] > 0
-    assert (d["continuum_ttl_seconds_count"], d["continuum_ttl_seconds_sum"]) == (1, 30)
+    assert (d["continuum_ttl_seconds_count"], d["continuum_ttl_seconds_sum"]) == (1, TTL_S)
     assert d["continuum_tool_duration_seconds_count"] == 1
     assert d["continuum_pin_held_seconds_count"] == 1
-    assert 0 < d["continuum_pin_held_seconds_sum"] < 30  # resumed before its TTL
+    assert 0 < d["continuum_pin_held_seconds_sum"] < TTL_S  # resumed before its TTL
     assert d["continuum_invalid_hints_total"] == 0
     assert prometheus.value(f'sum(continuum_pinned_sessions{{job="{job}"}})') == 0
 
@@ -231,7 +243,7 @@ def test_pin_that_expires_while_the_engine_sleeps_is_not_reported_pinned(
     server = servers[job]
     ttl = 4.0
     client = OpenAI(base_url=f"{server.base_url}/v1", api_key="-", timeout=120, max_retries=0)
-    prometheus.settle(job)
+    prometheus.quiesce(job)
     before = prometheus.state(job)
 
     client.chat.completions.create(
