@@ -134,6 +134,7 @@ class ContinuumSchedulerMixin:
             self._end_idle_programs()
             self._on_arrival(request)
         super().add_request(request)
+        self._publish()  # the engine wakes: the front end must stop judging idle pins
 
     def schedule(self, *args, **kwargs):
         self._release_expired()
