@@ -5,6 +5,7 @@
     vllm-continuum serve MODEL [...]   `vllm serve MODEL --scheduler-cls continuum ...`, CPU build too
     vllm-continuum profile --url URL   measure prefill time vs context length (TTL model input)
     vllm-continuum tiny-model DIR      build the small random-weight test model
+    vllm-continuum bench | compare | sim | overhead | workload | convert   the benchmarks
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", help="context lengths (default: doubling)")
     p.add_argument("--repeats", type=int, default=3)
     p.set_defaults(run=_profile)
+
+    from vllm_continuum.bench.cli import register as register_benchmarks
+
+    register_benchmarks(sub)  # bench, compare, workload, convert, sim, overhead
 
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "serve":
