@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from openai import OpenAI
 
-from vllm_continuum.pause_scenario import CITIES
+from vllm_continuum.pause_scenario import city_tool
 from vllm_continuum.policy.prefill_profile import PrefillProfile
 from vllm_continuum.profile import measure, report
 from vllm_continuum.server import flavour_server
@@ -21,24 +21,7 @@ pytestmark = pytest.mark.engine
 K = 3
 
 
-def tool(name: str) -> dict:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": f"{name} a city",
-            "strict": True,
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string", "enum": CITIES}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    }
-
-
-TOOLS = [tool("lookup"), tool("crawl")]
+TOOLS = [city_tool("lookup", "Look a city up."), city_tool("crawl", "Crawl a city's pages.")]
 
 
 @pytest.fixture(scope="module")

@@ -17,20 +17,28 @@ from dataclasses import dataclass
 from openai import OpenAI
 
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo"]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "strict": True,
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": CITIES}},
-            "required": ["city"],
-            "additionalProperties": False,
+
+
+def city_tool(name: str, description: str) -> dict:
+    """A strict function of one enum argument: what a random-weight model can
+    call reliably under guided decoding (free strings may never close)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": CITIES}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
         },
-    },
-}
+    }
+
+
+WEATHER_TOOL = city_tool("get_weather", "Current weather of a city.")
 _WORDS = (
     "agent cache token block memory latency tool call weather report city "
     "forecast river mountain planner schedule answer request context prefix "
