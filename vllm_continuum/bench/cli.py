@@ -172,7 +172,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("overhead", help="scheduler time per step, continuum vs stock")
     _workload_args(p, "swebench")
     p.add_argument("--cost-model", default="h100-llama3.1-8b")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path("runs/overhead"))
     p.set_defaults(run=_overhead)
 

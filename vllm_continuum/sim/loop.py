@@ -53,6 +53,7 @@ class SimStats:
     scheduled_tokens: int = 0
     busy_s: float = 0.0
     scheduler_wall_s: list[float] = field(default_factory=list)  # per step, if timed
+    scheduler_cpu_s: list[float] = field(default_factory=list)  # this thread's CPU time, per step
     preemptions: int = 0
 
 
@@ -150,9 +151,11 @@ class Simulation:
                 clock.now = events[0][0]
                 stats.idle_jumps += 1
                 continue
-            t0 = time.perf_counter() if timed else 0.0
+            if timed:
+                t0, c0 = time.perf_counter(), time.thread_time()
             out = s.schedule()
-            t_sched = time.perf_counter() - t0 if timed else 0.0
+            if timed:
+                t_sched, c_sched = time.perf_counter() - t0, time.thread_time() - c0
             if out.total_num_scheduled_tokens == 0:
                 stats.stalls += 1
                 if not events:
@@ -188,10 +191,12 @@ class Simulation:
                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
                 sampled_token_ids=sampled,
             )
-            t1 = time.perf_counter() if timed else 0.0
+            if timed:
+                t1, c1 = time.perf_counter(), time.thread_time()
             engine_outputs = s.update_from_output(out, runner_out)
             if timed:
                 stats.scheduler_wall_s.append(t_sched + time.perf_counter() - t1)
+                stats.scheduler_cpu_s.append(c_sched + time.thread_time() - c1)
             for outputs in engine_outputs.values():
                 for o in outputs.outputs:
                     live = live_by_id.get(o.request_id)
