@@ -45,19 +45,25 @@ def test_new_tokens_are_distinct_and_stable():
 
 
 @pytest.mark.engine
-def test_live_replay(live_servers):
-    """Two short programs against stock vLLM and continuum: prompts grow by the
-    generated tokens and the new tokens, and resumed turns hit the cache."""
-    from vllm_continuum.bench.replay import replay
+def test_live_replay(live_servers, tmp_path):
+    """`bench` on two short programs against stock vLLM and continuum: prompts
+    grow by the generated tokens and the new tokens, resumed turns hit the
+    cache, and the report (JSON, table, plots) is written."""
+    import json
+
+    from vllm_continuum.bench.compare import run_bench
 
     trace = Trace([
         Program("a", 0.0, (Turn(300, 8, "grep", 0.2), Turn(64, 8, "cat", 0.1), Turn(64, 4))),
         Program("b", 0.1, (Turn(250, 8, "python", 0.3), Turn(64, 4))),
-    ])
+    ], {"seed": 0})
+    path = trace.save(tmp_path / "trace.jsonl")
     for flavour, server in live_servers.items():
-        run = replay(server.base_url, trace, label=flavour, progress=False,
-                     session_prefix=f"bench-test-{flavour}-")
-        assert not run.errors, run.errors
+        out = tmp_path / flavour
+        assert run_bench(server.base_url, str(path), out, label=flavour) == 0
+        data = json.loads((out / "results.json").read_text())
+        assert (out / "table.md").is_file() and (out / "plots" / "jct_cdf.png").is_file()
+        run = RunResult.from_json(data["runs"][0])
         assert len(run.programs) == 2 and len(run.turns) == 5
         by_key = {(t.program, t.turn): t for t in run.turns}
         a0, a1, a2 = (by_key[("a", k)] for k in range(3))
