@@ -84,9 +84,9 @@ def _messages(data) -> list[dict]:
     if isinstance(data, list):
         return data
     for key in ("messages", "conversation", "history", "trajectory"):
-        if isinstance(data.get(key), list) and data[key] and isinstance(data[key][0], dict):
-            if "role" in data[key][0]:
-                return data[key]
+        value = data.get(key)
+        if isinstance(value, list) and value and isinstance(value[0], dict) and "role" in value[0]:
+            return value
     raise ValueError("no list of chat messages (role/content) found")
 
 

@@ -41,7 +41,12 @@ def bench_model_spec(num_layers: int = DEFAULT_LAYERS) -> dict:
 def build_bench_model(path: str | pathlib.Path, num_layers: int = DEFAULT_LAYERS) -> pathlib.Path:
     """Write the benchmark model to `path` (idempotent for the same spec)."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     from vllm_continuum.tiny_model import build_tiny_model
 

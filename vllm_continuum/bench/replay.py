@@ -226,7 +226,7 @@ async def replay_async(
             for task, program in zip(tasks, trace):
                 try:
                     await task
-                except Exception as exc:  # one failed program must not hide the others
+                except Exception as exc:  # noqa: BLE001 - one failed program must not hide the others
                     result.errors.append(f"{program.id}: {type(exc).__name__}: {exc}")
             result.duration_s = time.perf_counter() - started
     result.meta.update({"base_url": base_url, "model": model, "time_scale": time_scale, "seed": seed})

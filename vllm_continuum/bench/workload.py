@@ -150,10 +150,10 @@ def load_trace(workload: str | Path, **overrides) -> Trace:
 
 def _program(spec: WorkloadSpec, index: int, arrival_s: float) -> Program:
     rng = np.random.default_rng([spec.seed, 1, index])
-    n = int(round(rng.normal(spec.turns.mean, spec.turns.std)))
+    n = round(rng.normal(spec.turns.mean, spec.turns.std))
     n = max(spec.turns.min, min(spec.turns.max, n))
     total = float(spec.tokens_per_program.sample(rng))
-    first = max(1, int(round(spec.first_prompt_tokens.sample(rng))))
+    first = max(1, round(float(spec.first_prompt_tokens.sample(rng))))
     outputs = np.maximum(1, np.rint(spec.output_tokens.sample(rng, n))).astype(int)
     weights = (
         Dist(mean=1.0, std=spec.tool_result_cv).sample(rng, n - 1)

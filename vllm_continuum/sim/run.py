@@ -196,8 +196,9 @@ def run_sim(
     summaries = [summarize(r) for r in runs]
     table = markdown_table(summaries, baseline="stock" if "stock" in policies else None,
                            columns=SIM_COLUMNS)
-    text = [f"## {workload}, {len(trace)} programs, rate {trace.meta.get('arrival_rate')} /s, "
-            f"cost model {cost.name}", "", table, _oracle_ratio(summaries), ""]
+    title = (f"## {workload}, {len(trace)} programs, rate {trace.meta.get('arrival_rate')} /s, "
+             f"cost model {cost.name}")
+    text = [title, "", table, _oracle_ratio(summaries), ""]
     text += _pin_lines(runs)
     sweep_rows: list[dict] = []
     if sweep is not None:
