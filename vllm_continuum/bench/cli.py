@@ -160,7 +160,7 @@ def register(subparsers) -> None:
     p.add_argument("--policies", nargs="+",
                    default=["stock", "continuum", "oracle"],
                    help="stock, never, continuum, continuum-hold, fixed, forever, forever-hold, "
-                        "oracle, oracle-hold")
+                        "oracle, oracle-hold, oracle-eq2")
     p.add_argument("--sweep", type=float, nargs="*",
                    help="also sweep these arrival rates (no values: 0.02 0.04 ... 0.13)")
     p.add_argument("--sweep-programs", type=int, help="programs per sweep point (default: --programs)")
