@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from vllm_continuum.bench.replay import RunResult
+from vllm_continuum.bench.report import COLUMNS as REPORT_COLUMNS
 from vllm_continuum.bench.report import markdown_table, plot_runs, summarize, write_runs
 from vllm_continuum.bench.trace import Trace
 from vllm_continuum.bench.workload import load_trace
@@ -26,16 +27,10 @@ from vllm_continuum.sim.loop import Simulation
 
 DEFAULT_SWEEP = (0.02, 0.04, 0.06, 0.08, 0.10, 0.13)
 
+# The replay benchmark's columns, with runs labelled by policy and coarser tokens/s.
 SIM_COLUMNS = [
     ("label", "policy", "{}"),
-    ("programs", "programs", "{}"),
-    ("jct_mean_s", "mean JCT s", "{:.2f}"),
-    ("jct_p95_s", "p95 JCT s", "{:.2f}"),
-    ("ttft_mean_s", "mean TTFT s", "{:.3f}"),
-    ("reuse_of_prev_prompt", "reuse of prev prompt", "{:.1%}"),
-    ("prefix_hit_ratio", "prompt cached", "{:.1%}"),
-    ("prefilled_tokens", "tokens prefilled", "{}"),
-    ("throughput_programs_per_min", "programs/min", "{:.2f}"),
+    *REPORT_COLUMNS[1:-1],
     ("throughput_tokens_per_s", "tokens/s", "{:.0f}"),
 ]
 
