@@ -99,3 +99,22 @@ def test_oracle_policy():
     eq2 = OracleTTLPolicy(durations.get, slack_s=0.25, mode="eq2", benefit=lambda t: 5.0)
     assert eq2.decide(turn).ttl_s == pytest.approx(1.75)  # 5 s saved > 1.5 s pinned
     assert eq2.decide(TurnEnd("b", "pytest", 1000)).ttl_s == 0  # 30 s pinned > 5 s saved
+
+
+def test_seed_summary_ratios_and_ties():
+    from vllm_continuum.sim.run import seed_summary
+
+    rows = [
+        {"seed": 0, "label": "stock", "jct_mean_s": 20.0},
+        {"seed": 0, "label": "a", "jct_mean_s": 10.0},
+        {"seed": 0, "label": "b", "jct_mean_s": 10.0},
+        {"seed": 1, "label": "stock", "jct_mean_s": 10.0},
+        {"seed": 1, "label": "a", "jct_mean_s": 20.0},
+        {"seed": 1, "label": "b", "jct_mean_s": 5.0},
+    ]
+    lines = {line.split(" | ")[0].strip("| "): line for line in seed_summary(rows)[2:]}
+    # a: ratios 2.0 and 0.5 -> geometric mean 1; lowest (tied with b) in seed 0 only.
+    assert lines["a"] == "| a | 1.000x | 0.50x | 2.00x | 1 of 2 seeds |"
+    # b: ratios 2.0 and 2.0; lowest in both seeds (seed 0 tied with a).
+    assert lines["b"] == "| b | 2.000x | 2.00x | 2.00x | 2 of 2 seeds |"
+    assert lines["stock"] == "| stock | 1.000x | 1.00x | 1.00x | 0 of 2 seeds |"

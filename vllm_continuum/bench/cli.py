@@ -76,7 +76,7 @@ def _sim(args: argparse.Namespace) -> int:
     return run_sim(
         workload=args.workload, cost_model=args.cost_model, out_dir=args.out,
         policies=args.policies, num_programs=args.programs, rate=args.rate, seed=args.seed,
-        sweep=args.sweep, sweep_programs=args.sweep_programs,
+        sweep=args.sweep, sweep_programs=args.sweep_programs, seeds=args.seeds,
         settings=dict(kv.split("=", 1) for kv in args.set), command=_command_line(),
     )
 
@@ -164,6 +164,9 @@ def register(subparsers) -> None:
     p.add_argument("--sweep", type=float, nargs="*",
                    help="also sweep these arrival rates (no values: 0.02 0.04 ... 0.13)")
     p.add_argument("--sweep-programs", type=int, help="programs per sweep point (default: --programs)")
+    p.add_argument("--seeds", type=int, nargs="+",
+                   help="also run every policy on these workload seeds (independent traces) and "
+                        "summarize the ratios over them")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a continuum setting for the continuum schedulers, e.g. COLD_START_SAMPLES=20")
     p.add_argument("--out", type=Path, default=Path("runs/sim"))

@@ -47,7 +47,7 @@ FLAVOURS = {
     ),
 }
 
-# The CPU benchmark's defaults (docs/bench.md explains the choice).
+# The CPU benchmark's defaults (docs/benchmarks.md explains the choice).
 DEFAULT_WORKLOAD = "cpu-agent"
 DEFAULT_LAYERS = 2
 DEFAULT_NUM_BLOCKS = 160  # x 32 tokens: a 5,120-token pool

@@ -11,6 +11,7 @@ the simulated clock drives everything.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,37 +93,63 @@ def _pin_lines(runs: Sequence[RunResult]) -> list[str]:
     return lines
 
 
-def sweep_rates(
-    workload: str, cost: CostModel, profile_path: Path, policies: Sequence[str], rates: Sequence[float],
-    *, num_programs: int | None, seed: int | None, out_dir: Path,
+def sweep_points(
+    workload: str, cost: CostModel, profile_path: Path, policies: Sequence[str], over: str,
+    values: Sequence[float], *, num_programs: int | None, rate: float | None, seed: int | None,
     settings: dict[str, str] | None = None,
 ) -> tuple[str, list[dict]]:
+    """Every policy at each value of `over` ("rate": arrival rates; "seed": workload
+    seeds, i.e. independent traces of the same spec, to tell a policy's effect
+    from one trace's luck). Returns the table and its rows."""
     rows: list[dict] = []
-    for rate in tqdm(rates, desc="sweep", unit="rate"):
-        trace = load_trace(workload, num_programs=num_programs, arrival_rate=rate, seed=seed)
+    for value in tqdm(values, desc=f"sweep {over}", unit=over):
+        point = {"arrival_rate": rate, "seed": seed}
+        point["arrival_rate" if over == "rate" else "seed"] = value
+        trace = load_trace(workload, num_programs=num_programs, **point)
         for policy in policies:
-            run, _ = simulate(trace, cost, policy, profile_path, desc=f"rate {rate} {policy}",
+            run, _ = simulate(trace, cost, policy, profile_path, desc=f"{over} {value} {policy}",
                               extra_settings=settings)
-            rows.append({"rate": rate, **summarize(run)})
-    base = {r["rate"]: r for r in rows if r["label"] == "stock"}
-    oracle = {r["rate"]: r for r in rows if r["label"] == "oracle"}
-    head = ["rate /s", "policy", "mean JCT s", "p95 JCT s", "programs/min", "reuse of prev prompt"]
+            rows.append({over: value, **summarize(run)})
+    base = {r[over]: r for r in rows if r["label"] == "stock"}
+    oracle = {r[over]: r for r in rows if r["label"] == "oracle"}
+    head = [f"{over}" + (" /s" if over == "rate" else ""), "policy", "mean JCT s", "p95 JCT s",
+            "programs/min", "reuse of prev prompt"]
     if base:
         head += ["stock / mean JCT", "stock / p95 JCT"]
     if oracle:
         head += ["mean JCT / oracle"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [f"{r['rate']:.3g}", r["label"], f"{r['jct_mean_s']:.2f}", f"{r['jct_p95_s']:.2f}",
+        cells = [f"{r[over]:.3g}", r["label"], f"{r['jct_mean_s']:.2f}", f"{r['jct_p95_s']:.2f}",
                  f"{r['throughput_programs_per_min']:.2f}", f"{r['reuse_of_prev_prompt']:.1%}"]
         if base:
-            b = base[r["rate"]]
+            b = base[r[over]]
             cells += [f"{b['jct_mean_s'] / r['jct_mean_s']:.2f}x", f"{b['jct_p95_s'] / r['jct_p95_s']:.2f}x"]
         if oracle:
-            cells += [f"{r['jct_mean_s'] / oracle[r['rate']]['jct_mean_s']:.3f}x"]
+            cells += [f"{r['jct_mean_s'] / oracle[r[over]]['jct_mean_s']:.3f}x"]
         lines.append("| " + " | ".join(cells) + " |")
-    _plot_sweep(rows, out_dir / "plots")
+    if over == "seed":
+        lines += ["", *seed_summary(rows)]
     return "\n".join(lines), rows
+
+
+def seed_summary(rows: list[dict]) -> list[str]:
+    """Per policy over seeds: geometric mean, min and max of stock's mean JCT over
+    the policy's, and in how many seeds the policy had the lowest mean JCT (ties count
+    for every policy tied)."""
+    seeds = sorted({r["seed"] for r in rows})
+    policies = list(dict.fromkeys(r["label"] for r in rows))
+    jct = {(r["seed"], r["label"]): r["jct_mean_s"] for r in rows}
+    best = {s: min(jct[(s, p)] for p in policies) for s in seeds}
+    lines = ["| policy | stock / mean JCT, geometric mean | min | max | lowest mean JCT in |",
+             "|---|---|---|---|---|"]
+    for p in policies:
+        ratios = [jct[(s, "stock")] / jct[(s, p)] for s in seeds] if "stock" in policies else []
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+        wins = sum(jct[(s, p)] <= best[s] * (1 + 1e-9) for s in seeds)
+        lo, hi = (min(ratios), max(ratios)) if ratios else (float("nan"),) * 2
+        lines.append(f"| {p} | {geo:.3f}x | {lo:.2f}x | {hi:.2f}x | {wins} of {len(seeds)} seeds |")
+    return lines
 
 
 def _plot_sweep(rows: list[dict], out_dir: Path) -> None:
@@ -159,6 +186,7 @@ def run_sim(
     seed: int | None = None,
     sweep: Sequence[float] | None = None,
     sweep_programs: int | None = None,
+    seeds: Sequence[int] | None = None,
     settings: dict[str, str] | None = None,
     command: str = "",
 ) -> int:
@@ -198,12 +226,20 @@ def run_sim(
     sweep_rows: list[dict] = []
     if sweep is not None:
         rates = list(sweep) or list(DEFAULT_SWEEP)
-        sweep_table, sweep_rows = sweep_rates(
-            workload, cost, profile_path, policies, rates,
-            num_programs=sweep_programs or num_programs, seed=seed, out_dir=out_dir,
-            settings=settings,
+        sweep_table, sweep_rows = sweep_points(
+            workload, cost, profile_path, policies, "rate", rates,
+            num_programs=sweep_programs or num_programs, rate=rate, seed=seed, settings=settings,
         )
+        _plot_sweep(sweep_rows, out_dir / "plots")
         text += ["", f"## sweep over arrival rate ({workload}, cost model {cost.name})", "", sweep_table]
+    if seeds:
+        seed_table, seed_rows = sweep_points(
+            workload, cost, profile_path, policies, "seed", seeds,
+            num_programs=sweep_programs or num_programs, rate=rate, seed=seed, settings=settings,
+        )
+        sweep_rows += seed_rows
+        text += ["", f"## over workload seeds ({workload}, rate {trace.meta.get('arrival_rate')} /s, "
+                 f"cost model {cost.name})", "", seed_table]
     elapsed = time.perf_counter() - started
     text += ["", "wall time per policy: " + ", ".join(f"{k} {v:.0f} s" for k, v in walls.items()),
              f"total wall time: {elapsed:.0f} s", f"reproduce: {command or 'vllm-continuum sim'}"]
