@@ -199,6 +199,27 @@ def test_removing_requests_it_does_not_hold_is_harmless():
     assert not q and not q.has_session_waiting("s")
 
 
+def test_length_is_counted_through_every_operation():
+    """len() is a counter, not a recount: it must follow every way in and out."""
+    pinned: set[str] = set()
+    q = make_queue(pinned)
+    reqs = [Req(f"r{i}", i, session="s" if i % 2 else None) for i in range(6)]
+    for r in reqs[:4]:
+        q.add_request(r)
+    q.prepend_request(Req("p", 9, preempted=True))
+    q.prepend_requests([reqs[4], reqs[5]])
+    assert len(q) == len(list(q)) == 7
+    pinned.add("s")
+    q.reclassify("s")
+    q.remove_requests([reqs[1], Req("ghost", 0, "s")])
+    assert len(q) == len(list(q)) == 6
+    q.pop_request()
+    q.pop_request()
+    assert len(q) == len(list(q)) == 4
+    drain(q)
+    assert len(q) == 0 and not q
+
+
 # ------------------------------------------------------- sessions and tools
 def test_session_registry_is_bounded_and_keeps_first_arrival():
     reg = SessionRegistry(max_sessions=2)

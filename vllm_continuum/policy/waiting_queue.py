@@ -37,6 +37,7 @@ class LaneQueue(Generic[R]):
         self._preempted: deque[R] = deque()
         self._heaps: dict[int, list[tuple[tuple, R]]] = {PINNED: [], REGULAR: []}
         self._waiting_sessions: Counter[Hashable] = Counter()
+        self._size = 0  # vLLM asks len() several times per step: keep it O(1)
 
     # --- vLLM RequestQueue protocol -------------------------------------
     def add_request(self, request: R) -> None:
@@ -67,6 +68,7 @@ class LaneQueue(Generic[R]):
                 raise IndexError("pop from an empty queue")
             request = heapq.heappop(heap)[1]
         self._forget_session(request)
+        self._size -= 1
         return request
 
     def remove_request(self, request: R) -> None:
@@ -89,12 +91,13 @@ class LaneQueue(Generic[R]):
                 self._heaps[lane] = entries
         for request in removed:
             self._forget_session(request)
+        self._size -= len(removed)
 
     def __bool__(self) -> bool:
-        return len(self) > 0
+        return self._size > 0
 
     def __len__(self) -> int:
-        return len(self._preempted) + sum(len(h) for h in self._heaps.values())
+        return self._size
 
     def __iter__(self) -> Iterator[R]:
         yield from list(self._preempted)
@@ -126,6 +129,7 @@ class LaneQueue(Generic[R]):
             (self._preempted.appendleft if front else self._preempted.append)(request)
         else:
             heapq.heappush(self._heaps[lane], (self._key_of(request), request))
+        self._size += 1
         session = self._session_of(request)
         if session is not None:
             self._waiting_sessions[session] += 1
