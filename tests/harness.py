@@ -12,25 +12,16 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-import torch
-from vllm.config import (
-    CacheConfig,
-    DeviceConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-)
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
 
 from vllm_continuum.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
+from vllm_continuum.sim.scheduler_factory import new_scheduler
 
 BLOCK_SIZE = 16
 EOS_TOKEN_ID = 0
@@ -58,46 +49,14 @@ def make_scheduler(
     max_num_batched_tokens: int = 1024,
     policy: str = "fcfs",
 ):
-    model_config = ModelConfig(model=model_dir, max_model_len=4096, seed=0)
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=4096,
-        enable_chunked_prefill=True,
-        async_scheduling=async_scheduling,
-        policy=policy,
-        is_encoder_decoder=False,
-    )
-    cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
-    vllm_config = VllmConfig(
-        model_config=model_config,
-        scheduler_config=scheduler_config,
-        cache_config=cache_config,
-        device_config=DeviceConfig(device="cpu"),
-    )
-    cache_config.num_gpu_blocks = num_blocks
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"],
-                FullAttentionSpec(
-                    block_size=BLOCK_SIZE, num_kv_heads=1, head_size=64, dtype=torch.float32
-                ),
-            )
-        ],
-    )
     if continuum:
         cls = ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler
     else:
         cls = AsyncScheduler if async_scheduling else Scheduler
-    return cls(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK_SIZE,
-        log_stats=True,
+    return new_scheduler(
+        cls, model_dir, num_blocks=num_blocks, block_size=BLOCK_SIZE, max_model_len=4096,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        async_scheduling=async_scheduling, policy=policy, log_stats=True,
     )
 
 

@@ -26,9 +26,9 @@ import json
 import os
 import pathlib
 import random
-import shutil
-import tempfile
 from typing import Any
+
+from vllm_continuum.atomic_dir import replacing_dir
 
 __all__ = [
     "SPECIAL_TOKENS",
@@ -455,11 +455,7 @@ def build_tiny_model(path: str | os.PathLike, *, force: bool = False) -> pathlib
             raise FileExistsError(f"{target} exists and is not a directory")
         if any(target.iterdir()) and not (target / MARKER_FILE).exists():
             raise FileExistsError(f"{target} is not empty and was not written by build_tiny_model")
-    target.parent.mkdir(parents=True, exist_ok=True)
-
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it 0700
+    with replacing_dir(target, is_complete=None if force else is_complete) as tmp:
         tokenizer = _build_tokenizer(tmp)
         _build_model(tmp, tokenizer)
         marker = {
@@ -472,17 +468,4 @@ def build_tiny_model(path: str | os.PathLike, *, force: bool = False) -> pathlib
         (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
         for f in tmp.iterdir():
             f.chmod(0o644)
-        if target.exists():
-            if not force and is_complete(target):  # a concurrent build won
-                return target
-            shutil.rmtree(target)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if is_complete(target):  # a concurrent build moved in first
-                return target
-            raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return target

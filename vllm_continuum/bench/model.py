@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
-import tempfile
+
+from vllm_continuum.atomic_dir import replacing_dir
 
 # Qwen2.5-0.5B's shape (its config.json), but the depth and the vocabulary.
 QWEN25_05B_SHAPE = {
@@ -68,8 +68,7 @@ def build_bench_model(path: str | pathlib.Path, num_layers: int = DEFAULT_LAYERS
         use_sliding_window=False,
         **{k: v for k, v in QWEN25_05B_SHAPE.items()},
     )
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    with replacing_dir(target) as tmp:
         state = torch.random.get_rng_state()
         torch.manual_seed(0)
         try:
@@ -80,12 +79,6 @@ def build_bench_model(path: str | pathlib.Path, num_layers: int = DEFAULT_LAYERS
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps(spec))
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

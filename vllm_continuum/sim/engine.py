@@ -1,10 +1,9 @@
 """Build the real schedulers for simulation: vLLM's `Scheduler` (stock) and our
 `ContinuumScheduler` under each policy, with the modelled server's KV pool.
 
-As vLLM's own CPU scheduler tests (and tests/harness.py) do: the scheduler,
-KV cache manager, block pool and prefix cache are vLLM's; only the model
-runner is replaced by synthetic outputs. The KV cache config is a fake (one
-full-attention group of `num_gpu_blocks` blocks); no tensor is allocated.
+The schedulers are built without a model (`scheduler_factory`): vLLM's
+scheduler, KV cache manager, block pool and prefix cache, driven by synthetic
+outputs.
 """
 
 from __future__ import annotations
@@ -13,13 +12,14 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_continuum.atomic_dir import replacing_dir
 from vllm_continuum.policy.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
 from vllm_continuum.sim.cost_model import CostModel
+from vllm_continuum.sim.scheduler_factory import new_scheduler
 
 # name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get OracleTTLPolicy.
 POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
@@ -116,20 +116,13 @@ def sim_model_dir(max_model_len: int) -> str:
     marker = target / "config.json"
     if marker.is_file() and json.loads(marker.read_text()).get("max_position_embeddings") == max_model_len:
         return str(target)
-    tmp = Path(tempfile.mkdtemp(prefix=".sim-model-", dir=cache))
-    try:
+    with replacing_dir(target) as tmp:
         for f in tiny.iterdir():
             if f.is_file() and f.name != "model.safetensors":
                 shutil.copy(f, tmp / f.name)
         config = json.loads((tmp / "config.json").read_text())
         config["max_position_embeddings"] = max_model_len
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
 
 
@@ -150,21 +143,7 @@ def build_scheduler(
     extra_settings: dict[str, str] | None = None,
     oracle_durations: Callable[[str], float | None] | None = None,
 ) -> BuiltScheduler:
-    import torch
-    from vllm.config import (
-        CacheConfig,
-        DeviceConfig,
-        ModelConfig,
-        SchedulerConfig,
-        VllmConfig,
-    )
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-    )
-    from vllm.v1.structured_output import StructuredOutputManager
 
     from vllm_continuum.scheduler import ContinuumScheduler
 
@@ -174,45 +153,13 @@ def build_scheduler(
     settings = {**base, **(extra_settings or {})}
     if prefill_profile_path:
         settings.setdefault("PREFILL_PROFILE", prefill_profile_path)
-    model_config = ModelConfig(model=sim_model_dir(cost.max_model_len),
-                               max_model_len=cost.max_model_len, seed=0)
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=cost.max_num_seqs,
-        max_num_batched_tokens=cost.max_num_batched_tokens,
-        max_model_len=cost.max_model_len,
-        enable_chunked_prefill=True,
-        async_scheduling=False,
-        policy="fcfs",
-        is_encoder_decoder=False,
-    )
-    cache_config = CacheConfig(block_size=cost.block_size, enable_prefix_caching=True)
-    vllm_config = VllmConfig(
-        model_config=model_config,
-        scheduler_config=scheduler_config,
-        cache_config=cache_config,
-        device_config=DeviceConfig(device="cpu"),
-    )
-    cache_config.num_gpu_blocks = cost.num_gpu_blocks
-    kv_cache_config = KVCacheConfig(
-        num_blocks=cost.num_gpu_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"],
-                FullAttentionSpec(block_size=cost.block_size, num_kv_heads=1, head_size=64,
-                                  dtype=torch.float32),
-            )
-        ],
-    )
     cls = ContinuumScheduler if is_continuum else Scheduler
     os.environ.pop("CONTINUUM_METRICS_DIR", None)  # no metrics export from a simulation
     with continuum_env(settings if is_continuum else {}):
-        scheduler = cls(
-            vllm_config=vllm_config,
-            kv_cache_config=kv_cache_config,
-            structured_output_manager=StructuredOutputManager(vllm_config),
-            block_size=cost.block_size,
-            log_stats=False,
+        scheduler = new_scheduler(
+            cls, sim_model_dir(cost.max_model_len), num_blocks=cost.num_gpu_blocks,
+            block_size=cost.block_size, max_model_len=cost.max_model_len,
+            max_num_seqs=cost.max_num_seqs, max_num_batched_tokens=cost.max_num_batched_tokens,
         )
     if is_continuum:
         scheduler.clock = clock
