@@ -118,3 +118,17 @@ def test_seed_summary_ratios_and_ties():
     # b: ratios 2.0 and 2.0; lowest in both seeds (seed 0 tied with a).
     assert lines["b"] == "| b | 2.000x | 2.00x | 2.00x | 2 of 2 seeds |"
     assert lines["stock"] == "| stock | 1.000x | 1.00x | 1.00x | 0 of 2 seeds |"
+
+
+@pytest.mark.parametrize(
+    "policy, pressure",
+    [("continuum", "hold"), ("continuum-yield", "yield"), ("oracle-hold", "hold"), ("forever-yield", "yield")],
+)
+def test_policy_names_pick_their_pressure_policy(policy, pressure, profile_path):
+    """A plain name runs the configured default (hold); a suffix pins one, so that
+    a benchmark's labels stay true when the default changes."""
+    from vllm_continuum.sim.engine import SimClock, build_scheduler
+
+    built = build_scheduler(policy, SMALL, SimClock(), prefill_profile_path=profile_path,
+                            oracle_durations=lambda request_id: 1.0)
+    assert built.scheduler.continuum_config.pressure_policy == pressure

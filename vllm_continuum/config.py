@@ -47,13 +47,14 @@ class ContinuumConfig(BaseSettings):
     max_ttl_s: float = Field(
         30.0, ge=0, description="Upper bound on every TTL, hints included."
     )
-    pressure_policy: Literal["yield", "hold"] = Field(
-        "yield",
-        description="yield: a waiting request that cannot be admitted because "
-        "blocks are pinned gets them; pins are released, latest-arriving "
-        "session first, until it fits. hold (the paper's): pins under the cap are "
-        "kept while other work runs; released only when nothing runs and the "
-        "queue head cannot be admitted. Both release pins before any preemption.",
+    pressure_policy: Literal["hold", "yield"] = Field(
+        "hold",
+        description="hold (the paper's, measured better under memory pressure): pins "
+        "under the cap are kept while other work runs; released only when nothing "
+        "runs and the queue head cannot be admitted. yield: a waiting request that "
+        "cannot be admitted because blocks are pinned gets them; pins are released, "
+        "latest-arriving session first, until it fits. Both release pins before any "
+        "preemption.",
     )
     max_pinned_fraction: float = Field(
         0.5, gt=0, le=1, description="Cap on pinned blocks as a fraction of the KV pool."

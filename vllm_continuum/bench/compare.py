@@ -31,21 +31,16 @@ class Flavour:
     env: dict = field(default_factory=dict)
 
 
-# What `compare --flavours` accepts.
-FLAVOURS = {
-    "stock": Flavour("stock", "stock"),
-    "continuum": Flavour("continuum", "continuum", {"CONTINUUM_TTL_POLICY": "continuum"}),
-    "continuum-hold": Flavour(
-        "continuum-hold", "continuum",
-        {"CONTINUUM_TTL_POLICY": "continuum", "CONTINUUM_PRESSURE_POLICY": "hold"},
-    ),
-    "fixed": Flavour("fixed", "continuum", {"CONTINUUM_TTL_POLICY": "fixed"}),
-    "forever": Flavour("forever", "continuum", {"CONTINUUM_TTL_POLICY": "forever"}),
-    "forever-hold": Flavour(
-        "forever-hold", "continuum",
-        {"CONTINUUM_TTL_POLICY": "forever", "CONTINUUM_PRESSURE_POLICY": "hold"},
-    ),
-}
+# What `compare --flavours` accepts: stock, and each TTL policy under the
+# configured pressure policy (plain name) or an explicit one (-yield, -hold).
+FLAVOURS = {"stock": Flavour("stock", "stock")}
+for _ttl in ("continuum", "fixed", "forever"):
+    for _pressure in ("", "yield", "hold"):
+        _name = f"{_ttl}-{_pressure}" if _pressure else _ttl
+        _env = {"CONTINUUM_TTL_POLICY": _ttl}
+        if _pressure:
+            _env["CONTINUUM_PRESSURE_POLICY"] = _pressure
+        FLAVOURS[_name] = Flavour(_name, "continuum", _env)
 
 # The CPU benchmark's defaults (docs/benchmarks.md explains the choice).
 DEFAULT_WORKLOAD = "cpu-agent"

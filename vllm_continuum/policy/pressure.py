@@ -4,12 +4,14 @@ Whatever the policy, pins give way before a running request would be
 preempted: preemption throws away computed KV of a live request to keep KV
 of an idle one. The policies differ for waiting requests:
 
+- hold (the paper's Algorithm 1, the default): pins under the cap are kept
+  while other work runs, since running work will free blocks soon and the
+  pinned session's return saves a full prefill. Only the deadlock guard
+  releases them: nothing runs, and the head of the queue cannot be admitted.
+  Under memory pressure this measured better than yield (docs/benchmarks.md):
+  yield gives the pins up nearly always, so they buy nothing.
 - yield: always. Pins never delay admission; they only use memory nobody
-  else wants. Cheap insurance, never a loss against stock vLLM.
-- hold (the paper's Algorithm 1): pins under the cap are kept while other
-  work runs, since running work will free blocks soon and the pinned
-  session's return saves a full prefill. Only the deadlock guard releases
-  them: nothing runs, and the head of the queue cannot be admitted.
+  else wants. Never a delay for newcomers against stock vLLM.
 
 Which pins go first (latest-arriving program) is `PinTable.release_order`.
 """

@@ -22,18 +22,13 @@ from vllm_continuum.sim.cost_model import CostModel
 from vllm_continuum.sim.scheduler_factory import new_scheduler
 
 # name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get OracleTTLPolicy.
-POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
-    "stock": (False, {}),
-    "never": (True, {"TTL_POLICY": "never"}),
-    "continuum": (True, {"TTL_POLICY": "continuum"}),
-    "continuum-hold": (True, {"TTL_POLICY": "continuum", "PRESSURE_POLICY": "hold"}),
-    "fixed": (True, {"TTL_POLICY": "fixed"}),
-    "forever": (True, {"TTL_POLICY": "forever"}),
-    "forever-hold": (True, {"TTL_POLICY": "forever", "PRESSURE_POLICY": "hold"}),
-    "oracle": (True, {"TTL_POLICY": "never"}),
-    "oracle-hold": (True, {"TTL_POLICY": "never", "PRESSURE_POLICY": "hold"}),
-    "oracle-eq2": (True, {"TTL_POLICY": "never"}),
-}
+# A plain name runs under the configured pressure policy; -yield / -hold pick one.
+POLICIES: dict[str, tuple[bool, dict[str, str]]] = {"stock": (False, {}), "never": (True, {"TTL_POLICY": "never"})}
+for _name, _ttl in (("continuum", "continuum"), ("fixed", "fixed"), ("forever", "forever"),
+                    ("oracle", "never"), ("oracle-eq2", "never")):
+    for _pressure in ("", "yield", "hold"):
+        POLICIES[f"{_name}-{_pressure}" if _pressure else _name] = (
+            True, {"TTL_POLICY": _ttl, **({"PRESSURE_POLICY": _pressure} if _pressure else {})})
 
 
 class SimClock:
@@ -165,7 +160,7 @@ def build_scheduler(
         scheduler.clock = clock
         if policy.startswith("oracle"):
             assert oracle_durations is not None
-            mode = "eq2" if policy == "oracle-eq2" else "always"
+            mode = "eq2" if policy.startswith("oracle-eq2") else "always"
             benefit = None
             if mode == "eq2":
                 from vllm_continuum.policy.prefill_profile import PrefillProfile
