@@ -79,14 +79,19 @@ def test_h100_cost_model_is_sane():
 
 
 def test_fit_linear_reproduces_the_profile():
+    """Tokens cost what the profile says; the constant is the measured decode step
+    (the profile's c0 is a request's end-to-end overhead), or c0 without one."""
     from vllm_continuum.policy.prefill_profile import PrefillProfile
 
-    profile = PrefillProfile(0.05, 1e-3, 2e-6)
-    lin = fit_linear(profile, decode_step_s=0.2)
+    profile = PrefillProfile(0.5, 1e-3, 2e-6)
+    lin = fit_linear(profile, decode_step_s=0.02)
     cost = SMALL.model_copy(update={"linear": lin, "max_num_batched_tokens": 100_000})
     for n in (128, 1000, 3000):
-        assert cost.prefill_seconds(n) == pytest.approx(profile.seconds(n), rel=1e-6)
-    assert cost.step_time([(1, 256)]) == pytest.approx(0.2, rel=1e-6)
+        assert cost.prefill_seconds(n) - lin.step_s == pytest.approx(profile.seconds(n) - 0.5, rel=1e-6)
+    assert cost.step_time([(1, 256)]) == pytest.approx(0.02, rel=1e-6)
+    without = SMALL.model_copy(update={"linear": fit_linear(profile, None),
+                                       "max_num_batched_tokens": 100_000})
+    assert without.prefill_seconds(1000) == pytest.approx(profile.seconds(1000), rel=1e-6)
 
 
 def test_oracle_policy():

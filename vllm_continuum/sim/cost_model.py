@@ -137,17 +137,19 @@ def fit_linear(profile: PrefillProfile, decode_step_s: float | None) -> Linear:
     """A linear step model from a prefill profile t(n) = c0 + c1 n + c2 n².
 
     A cold prefill of n tokens has n(n+1)/2 attention pairs, so per_pair = 2 c2,
-    per_token = c1 - c2 (the n/2 part of the pairs), step = c0. A measured decode
-    step time, if given, sets per_seq (a cost per decoding request) so that a
-    lone decode at a 256-token context costs what was measured."""
+    per_token = c1 - c2 (the n/2 part of the pairs). The constant c0 is what one
+    request costs end to end beyond its tokens (HTTP, tokenization, detokenizing,
+    an engine step): far more than an engine step, whose fixed cost is what a
+    decode step shows. So a measured decode step time, if given, sets the step's
+    fixed cost (a lone decode at a 256-token context costs what was measured);
+    without it, c0 stands in, which overstates every step (say so)."""
     c0, c1, c2 = max(0.0, profile.c0), max(0.0, profile.c1), max(0.0, profile.c2)
     per_pair = 2 * c2
     per_token = max(0.0, c1 - c2)
-    per_seq = 0.0
+    step = c0
     if decode_step_s is not None:
-        modelled = c0 + per_token + per_pair * 257
-        per_seq = max(0.0, decode_step_s - modelled)
-    return Linear(step_s=c0, per_token_s=per_token, per_pair_s=per_pair, per_seq_s=per_seq)
+        step = max(0.0, decode_step_s - per_token - per_pair * 257)
+    return Linear(step_s=step, per_token_s=per_token, per_pair_s=per_pair, per_seq_s=0.0)
 
 
 def run_fit_cost_model(
@@ -163,8 +165,9 @@ def run_fit_cost_model(
         "name": Path(out).stem,
         "description": (
             f"Fitted from {profile_path} ({profile.source}) by `{command or 'fit-cost-model'}`. "
-            "Prefill t(n) = c0 + c1 n + c2 n^2 maps to step = c0 + (c1 - c2) T + 2 c2 pairs; "
-            "a decode step costs step_s + per_token_s + per_pair_s * context + per_seq_s."
+            "Prefill t(n) = c0 + c1 n + c2 n^2 maps to step = step_s + (c1 - c2) T + 2 c2 pairs, "
+            "step_s from the measured decode step (c0 without one: an overestimate); "
+            "a decode step costs step_s + per_token_s + per_pair_s * context."
         ),
         "kind": "linear",
         "block_size": block_size,
