@@ -148,8 +148,7 @@ class ContinuumSchedulerMixin:
             self._lane_changes.clear()
         for new_req in output.scheduled_new_reqs:
             self._on_admitted(new_req.req_id, new_req.num_computed_tokens)
-        self._publish()
-        return output
+        return output  # published after update_from_output, once per step
 
     def update_from_output(self, *args, **kwargs):
         outputs = super().update_from_output(*args, **kwargs)
