@@ -196,13 +196,26 @@ def test_expired_pin_is_held_for_its_ttl_not_until_the_lazy_release(clock):
         (False, 100, "reset"),  # busy: the front end does not extrapolate
     ],
 )
-def test_reset_of_a_long_expired_pin_counts_as_the_expiry_already_shown(clock, idle, wait, reason):
+def test_reset_of_a_long_expired_pin_counts_as_the_expiry_already_shown(
+    metrics_dir, clock, idle, wait, reason
+):
     e = Engine(clock)
     pin = e.pin("A", ttl=2)
     e.publish(idle=idle)
     clock.advance(wait)
     e.release(pin, ReleaseReason.RESET)
     assert e.stats.releases_by_reason == {reason: 1}
+
+
+def test_without_an_exporter_a_release_keeps_its_own_reason(clock):
+    """No front end has shown anything, so nothing needs to stay consistent with it."""
+    e = Engine(clock)
+    assert e.stats.writer is None
+    pin = e.pin("A", ttl=2)
+    e.publish(idle=True)
+    clock.advance(2 + EXPIRY_GRACE_S + 1)
+    e.release(pin, ReleaseReason.RESET)
+    assert e.stats.releases_by_reason == {"reset": 1}
 
 
 # ------------------------------------------------------------------- front end

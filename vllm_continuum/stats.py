@@ -80,7 +80,7 @@ class ContinuumStats:
     def on_release(self, pin: Pin, reason: ReleaseReason, now: float) -> None:
         """Count a release; a pin whose TTL passed long ago counts as expired.
 
-        While the engine is idle the front end reports a pin as expired
+        While the engine is idle the front end (if exported) reports a pin as expired
         `EXPIRY_GRACE_S` after its TTL (the engine has not looked yet). If the
         engine later lets it go for another reason (reset_prefix_cache,
         shutdown), it is counted as the expiry the front end already showed,
@@ -89,6 +89,7 @@ class ContinuumStats:
         """
         if (
             reason not in _NOT_RECLASSIFIED
+            and self.writer is not None
             and self._published_idle
             and now >= pin.expires_at + EXPIRY_GRACE_S
         ):

@@ -181,6 +181,8 @@ class ContinuumSchedulerMixin:
 
     def _publish(self) -> None:
         """Offer the current state to the metrics exporter (it rate-limits)."""
+        if self.continuum_stats.writer is None:
+            return  # not exported (simulation, offline use): nothing to offer
         self.continuum_stats.publish(
             pins=self.pins,
             pool_size=self._ledger.pool_size,
