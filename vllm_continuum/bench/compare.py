@@ -22,6 +22,7 @@ from vllm_continuum.bench.replay import RunResult, replay
 from vllm_continuum.bench.report import markdown_table, plot_runs, summarize, write_runs
 from vllm_continuum.bench.trace import Trace
 from vllm_continuum.bench.workload import load_trace
+from vllm_continuum.policy.pressure import pressure_variants
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,11 @@ class Flavour:
 
 # What `compare --flavours` accepts: stock, and each TTL policy under the
 # configured pressure policy (plain name) or an explicit one (-yield, -hold).
-FLAVOURS = {"stock": Flavour("stock", "stock")}
-for _ttl in ("continuum", "fixed", "forever"):
-    for _pressure in ("", "yield", "hold"):
-        _name = f"{_ttl}-{_pressure}" if _pressure else _ttl
-        _env = {"CONTINUUM_TTL_POLICY": _ttl}
-        if _pressure:
-            _env["CONTINUUM_PRESSURE_POLICY"] = _pressure
-        FLAVOURS[_name] = Flavour(_name, "continuum", _env)
+FLAVOURS = {"stock": Flavour("stock", "stock")} | {
+    name: Flavour(name, "continuum", env)
+    for ttl in ("continuum", "fixed", "forever")
+    for name, env in pressure_variants(ttl, {"CONTINUUM_TTL_POLICY": ttl}, "CONTINUUM_PRESSURE_POLICY").items()
+}
 
 # The CPU benchmark's defaults (docs/benchmarks.md explains the choice).
 DEFAULT_WORKLOAD = "cpu-agent"

@@ -27,3 +27,13 @@ def may_release_pins(policy: PressurePolicy, for_running_request: bool, anything
     if for_running_request or policy == "yield":
         return True
     return not anything_running
+
+
+def pressure_variants(name: str, settings: dict[str, str], key: str) -> dict[str, dict[str, str]]:
+    """Benchmark labels for one policy: NAME under the configured pressure policy,
+    NAME-yield and NAME-hold pinning one (`key` is where the setting goes), so
+    that a label keeps its meaning when the default changes."""
+    variants = {name: dict(settings)}
+    for policy in ("yield", "hold"):
+        variants[f"{name}-{policy}"] = {**settings, key: policy}
+    return variants

@@ -17,18 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_continuum.atomic_dir import replacing_dir
+from vllm_continuum.policy.pressure import pressure_variants
 from vllm_continuum.policy.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
 from vllm_continuum.sim.cost_model import CostModel
 from vllm_continuum.sim.scheduler_factory import new_scheduler
 
 # name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get OracleTTLPolicy.
 # A plain name runs under the configured pressure policy; -yield / -hold pick one.
-POLICIES: dict[str, tuple[bool, dict[str, str]]] = {"stock": (False, {}), "never": (True, {"TTL_POLICY": "never"})}
-for _name, _ttl in (("continuum", "continuum"), ("fixed", "fixed"), ("forever", "forever"),
-                    ("oracle", "never"), ("oracle-eq2", "never")):
-    for _pressure in ("", "yield", "hold"):
-        POLICIES[f"{_name}-{_pressure}" if _pressure else _name] = (
-            True, {"TTL_POLICY": _ttl, **({"PRESSURE_POLICY": _pressure} if _pressure else {})})
+POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
+    "stock": (False, {}),
+    "never": (True, {"TTL_POLICY": "never"}),
+} | {
+    label: (True, settings)
+    for name, ttl in (("continuum", "continuum"), ("fixed", "fixed"), ("forever", "forever"),
+                      ("oracle", "never"), ("oracle-eq2", "never"))
+    for label, settings in pressure_variants(name, {"TTL_POLICY": ttl}, "PRESSURE_POLICY").items()
+}
 
 
 class SimClock:
