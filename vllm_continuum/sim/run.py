@@ -175,6 +175,37 @@ def _plot_sweep(rows: list[dict], out_dir: Path) -> None:
     plt.close(fig)
 
 
+def plot_seeds(rows: list[dict], out_dir: Path, title: str = "") -> Path:
+    """Stock's mean JCT over each policy's, per seed (dots) and their geometric
+    mean (bar): how much of a policy's gain is the policy, how much the trace."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in rows if "seed" in r]
+    jct = {(r["seed"], r["label"]): r["jct_mean_s"] for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+    policies = [p for p in dict.fromkeys(r["label"] for r in rows) if p != "stock"]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(policies), 4))
+    for i, policy in enumerate(policies):
+        ratios = [jct[(s, "stock")] / jct[(s, policy)] for s in seeds]
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        ax.bar(i, geo, color="C0" if "hold" in policy else "C1" if "yield" in policy else "C7", alpha=0.45)
+        ax.scatter([i] * len(ratios), ratios, color="black", s=12, zorder=3)
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xticks(range(len(policies)), policies, rotation=20)
+    ax.set_ylabel("stock mean JCT / policy's")
+    ax.set_title(f"per seed (dots), geometric mean (bars) {title}".strip(), fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / "seeds_ratio.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def run_sim(
     workload: str = "swebench",
     cost_model: str = "h100-llama3.1-8b",
@@ -238,6 +269,7 @@ def run_sim(
             num_programs=sweep_programs or num_programs, rate=rate, seed=seed, settings=settings,
         )
         sweep_rows += seed_rows
+        plot_seeds(seed_rows, out_dir / "plots", title=f"({workload}, {cost.name})")
         text += ["", f"## over workload seeds ({workload}, rate {trace.meta.get('arrival_rate')} /s, "
                  f"cost model {cost.name})", "", seed_table]
     elapsed = time.perf_counter() - started
