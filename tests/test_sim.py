@@ -137,3 +137,12 @@ def test_policy_names_pick_their_pressure_policy(policy, pressure, profile_path)
     built = build_scheduler(policy, SMALL, SimClock(), prefill_profile_path=profile_path,
                             oracle_durations=lambda request_id: 1.0)
     assert built.scheduler.continuum_config.pressure_policy == pressure
+
+
+def test_seed_plot_is_written(tmp_path):
+    from vllm_continuum.sim.run import plot_seeds
+
+    rows = [{"seed": s, "label": label, "jct_mean_s": jct}
+            for s in (0, 1) for label, jct in (("stock", 10.0), ("continuum-hold", 8.0 + s))]
+    path = plot_seeds(rows, tmp_path, "(test)")
+    assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
