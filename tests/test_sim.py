@@ -146,3 +146,32 @@ def test_seed_plot_is_written(tmp_path):
             for s in (0, 1) for label, jct in (("stock", 10.0), ("continuum-hold", 8.0 + s))]
     path = plot_seeds(rows, tmp_path, "(test)")
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("policy", ["stock", "continuum"])
+def test_tiny_case_step_by_step(policy, profile_path):
+    """One program, two turns, worked out by hand (block 16, step = 0.1 s + 1 ms
+    per scheduled token):
+      t=0      turn 0 arrives: 32 prompt tokens
+      step 1   prefill 32 -> first token            0.132 s  -> t=0.132
+      step 2   decode 1 -> second (last) token      0.101 s  -> t=0.233
+      tool     1.0 s                                         -> t=1.233 turn 1 arrives
+               prompt 32 + 2 + 16 = 50 tokens; KV was computed for 33 of turn 0's
+               tokens, 2 full blocks are cached -> 32 cached, 18 to prefill
+      step 3   prefill 18 -> its only token         0.118 s  -> t=1.351, JCT 1.351
+    The pool is far from full, so continuum must not change a thing."""
+    from vllm_continuum.bench.trace import Program, Trace, Turn
+
+    cost = SMALL.model_copy(update={"linear": Linear(step_s=0.1, per_token_s=1e-3, per_pair_s=0.0)})
+    trace = Trace([Program("p", 0.0, (Turn(32, 2, "t", 1.0), Turn(16, 1)))])
+    sim = Simulation(trace, cost, policy, prefill_profile_path=profile_path)
+    run = sim.run()
+    assert sim.stats.steps == 3 and sim.stats.idle_jumps == 1 and sim.stats.stalls == 0
+    assert sim.stats.busy_s == pytest.approx(0.132 + 0.101 + 0.118)
+    t0, t1 = run.turns
+    assert (t0.prompt_tokens, t0.cached_tokens, t0.output_tokens) == (32, 0, 2)
+    assert (t0.ttft_s, t0.latency_s) == (pytest.approx(0.132), pytest.approx(0.233))
+    assert (t1.prompt_tokens, t1.cached_tokens, t1.prev_prompt_tokens) == (50, 32, 32)
+    assert t1.sent_s == pytest.approx(1.233)
+    assert (t1.ttft_s, t1.latency_s) == (pytest.approx(0.118), pytest.approx(0.118))
+    assert run.programs[0].jct_s == pytest.approx(1.351)
