@@ -180,3 +180,16 @@ def load_config(**overrides: object) -> ContinuumConfig:
             f"Invalid vllm-continuum configuration{where}; fix these fields or their "
             f"CONTINUUM_* environment variables:\n{exc}"
         ) from exc
+
+
+def named_yaml(name_or_path: str | os.PathLike, directory: Path, what: str) -> Path:
+    """A YAML file by path, or by name from one of `configs/`'s folders
+    (`swebench` -> directory/swebench.yaml); the error lists the known names."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    candidate = directory / f"{name_or_path}.yaml"
+    if not candidate.is_file():
+        known = sorted(p.stem for p in directory.glob("*.yaml"))
+        raise FileNotFoundError(f"no {what} {str(name_or_path)!r}; known: {known}")
+    return candidate

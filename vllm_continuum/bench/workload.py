@@ -32,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vllm_continuum.bench.trace import Program, Trace, Turn
+from vllm_continuum.config import named_yaml
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 WORKLOAD_DIR = CONFIG_DIR / "workloads"
@@ -125,13 +126,7 @@ class WorkloadSpec(BaseModel):
 
 def load_spec(name_or_path: str | Path) -> WorkloadSpec:
     """A spec by path, or by name from configs/workloads/ (`swebench` -> swebench.yaml)."""
-    path = Path(name_or_path)
-    if not path.is_file():
-        candidate = WORKLOAD_DIR / f"{name_or_path}.yaml"
-        if not candidate.is_file():
-            known = sorted(p.stem for p in WORKLOAD_DIR.glob("*.yaml"))
-            raise FileNotFoundError(f"no workload {name_or_path!r}; known: {known}")
-        path = candidate
+    path = named_yaml(name_or_path, WORKLOAD_DIR, "workload")
     return WorkloadSpec.model_validate(yaml.safe_load(path.read_text()))
 
 

@@ -28,6 +28,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from vllm_continuum.config import named_yaml
 from vllm_continuum.policy.prefill_profile import PrefillProfile
 
 COST_MODEL_DIR = Path(__file__).resolve().parents[2] / "configs" / "cost_models"
@@ -118,13 +119,7 @@ class CostModel(BaseModel):
 
 
 def load_cost_model(name_or_path: str | Path) -> CostModel:
-    path = Path(name_or_path)
-    if not path.is_file():
-        candidate = COST_MODEL_DIR / f"{name_or_path}.yaml"
-        if not candidate.is_file():
-            known = sorted(p.stem for p in COST_MODEL_DIR.glob("*.yaml"))
-            raise FileNotFoundError(f"no cost model {name_or_path!r}; known: {known}")
-        path = candidate
+    path = named_yaml(name_or_path, COST_MODEL_DIR, "cost model")
     model = CostModel.model_validate(yaml.safe_load(path.read_text()))
     if (model.kind == "roofline") != (model.roofline is not None) or (
         model.kind == "linear"
