@@ -190,6 +190,6 @@ def named_yaml(name_or_path: str | os.PathLike, directory: Path, what: str) -> P
         return path
     candidate = directory / f"{name_or_path}.yaml"
     if not candidate.is_file():
-        known = sorted(p.stem for p in directory.glob("*.yaml") if "." not in p.stem)
+        known = sorted(p.stem for p in directory.glob("*.yaml") if not p.stem.endswith(".profile"))
         raise FileNotFoundError(f"no {what} {str(name_or_path)!r}; known: {known}")
     return candidate
