@@ -114,46 +114,41 @@ def plot_runs(runs: Sequence[RunResult], out_dir: Path, title: str = "") -> list
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
         jct = np.sort([p.jct_s for p in run.programs])
         if len(jct):
             ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post", label=run.label)
-    ax.set_xlabel("job completion time (s)")
-    ax.set_ylabel("fraction of programs")
-    ax.set_title(f"JCT CDF {title}".strip())
-    ax.grid(alpha=0.3)
-    ax.legend()
-    paths.append(_save(fig, out_dir / "jct_cdf.png"))
+    _label(ax, "job completion time (s)", "fraction of programs", f"JCT CDF {title}")
+    paths = [_save(fig, out_dir / "jct_cdf.png")]
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for run in runs:
-        ks, ys = by_turn(run, lambda t: t.ttft_s)
-        ax.plot(ks, ys, marker="o", ms=3, label=run.label)
-    ax.set_xlabel("turn (0 = first)")
-    ax.set_ylabel("mean time to first token (s)")
-    ax.set_title(f"TTFT by turn {title}".strip())
-    ax.grid(alpha=0.3)
-    ax.legend()
-    paths.append(_save(fig, out_dir / "ttft_by_turn.png"))
+    def by_turn_plot(key, ylabel: str, name: str, heading: str, ylim=None) -> Path:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for run in runs:
+            ks, ys = by_turn(run, key)
+            ax.plot(ks, ys, marker="o", ms=3, label=run.label)
+        if ylim:
+            ax.set_ylim(*ylim)
+        _label(ax, "turn (0 = first)", ylabel, f"{heading} {title}")
+        return _save(fig, out_dir / name)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for run in runs:
-        ks, ys = by_turn(
-            run,
-            lambda t: min(1.0, t.cached_tokens / t.prev_prompt_tokens) if t.prev_prompt_tokens else None,
-        )
-        ax.plot(ks, ys, marker="o", ms=3, label=run.label)
-    ax.set_xlabel("turn")
-    ax.set_ylabel("cached / previous turn's prompt")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(f"Reuse of the previous prompt {title}".strip())
-    ax.grid(alpha=0.3)
-    ax.legend()
-    paths.append(_save(fig, out_dir / "reuse_by_turn.png"))
+    paths.append(by_turn_plot(lambda t: t.ttft_s, "mean time to first token (s)",
+                              "ttft_by_turn.png", "TTFT by turn"))
+    paths.append(by_turn_plot(
+        lambda t: min(1.0, t.cached_tokens / t.prev_prompt_tokens) if t.prev_prompt_tokens else None,
+        "cached / previous turn's prompt", "reuse_by_turn.png", "Reuse of the previous prompt",
+        ylim=(-0.05, 1.05),
+    ))
     return paths
+
+
+def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title.strip())
+    ax.grid(alpha=0.3)
+    ax.legend()
 
 
 def _save(fig, path: Path) -> Path:
