@@ -21,7 +21,7 @@ from pathlib import Path
 from vllm_continuum.bench.replay import RunResult, replay
 from vllm_continuum.bench.report import markdown_table, plot_runs, summarize, write_runs
 from vllm_continuum.bench.trace import Trace
-from vllm_continuum.bench.workload import load_trace
+from vllm_continuum.bench.workload import load_trace, trace_for_run
 from vllm_continuum.policy.pressure import pressure_variants
 
 
@@ -132,8 +132,7 @@ def run_compare(
     if model_dir is None:
         model_dir = Path.home() / ".cache" / "vllm-continuum" / f"bench-model-{num_layers}l"
     model = str(build_bench_model(model_dir, num_layers))
-    trace = load_trace(workload, num_programs=num_programs, arrival_rate=rate, seed=seed)
-    trace.save(out_dir / "trace.jsonl")
+    trace = trace_for_run(workload, out_dir, num_programs=num_programs, arrival_rate=rate, seed=seed)
     setup = {
         "command": command,
         "workload": workload,

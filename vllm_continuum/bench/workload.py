@@ -143,6 +143,15 @@ def load_trace(workload: str | Path, **overrides) -> Trace:
     return load_spec(workload).with_overrides(**overrides).generate()
 
 
+def trace_for_run(workload: str | Path, out_dir: Path, **overrides) -> Trace:
+    """The trace a benchmark run replays, saved into its output directory first,
+    so that every run can be replayed again exactly."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace = load_trace(workload, **overrides)
+    trace.save(out_dir / "trace.jsonl")
+    return trace
+
+
 def _program(spec: WorkloadSpec, index: int, arrival_s: float) -> Program:
     rng = np.random.default_rng([spec.seed, 1, index])
     n = round(rng.normal(spec.turns.mean, spec.turns.std))

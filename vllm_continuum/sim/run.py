@@ -22,7 +22,7 @@ from vllm_continuum.bench.replay import RunResult
 from vllm_continuum.bench.report import COLUMNS as REPORT_COLUMNS
 from vllm_continuum.bench.report import markdown_table, plot_runs, summarize, write_runs
 from vllm_continuum.bench.trace import Trace
-from vllm_continuum.bench.workload import load_trace
+from vllm_continuum.bench.workload import load_trace, trace_for_run
 from vllm_continuum.sim.cost_model import CostModel, load_cost_model
 from vllm_continuum.sim.loop import Simulation
 
@@ -226,8 +226,7 @@ def run_sim(
     out_dir.mkdir(parents=True, exist_ok=True)
     cost = load_cost_model(cost_model)
     profile_path = prepare_profile(cost, out_dir)
-    trace = load_trace(workload, num_programs=num_programs, arrival_rate=rate, seed=seed)
-    trace.save(out_dir / "trace.jsonl")
+    trace = trace_for_run(workload, out_dir, num_programs=num_programs, arrival_rate=rate, seed=seed)
     setup = {
         "command": command,
         "workload": workload,
