@@ -121,7 +121,7 @@ def plot_runs(runs: Sequence[RunResult], out_dir: Path, title: str = "") -> list
         if len(jct):
             ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post", label=run.label)
     _label(ax, "job completion time (s)", "fraction of programs", f"JCT CDF {title}")
-    paths = [_save(fig, out_dir / "jct_cdf.png")]
+    paths = [save_figure(fig, out_dir / "jct_cdf.png")]
 
     def by_turn_plot(key, ylabel: str, name: str, heading: str, ylim=None) -> Path:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -131,7 +131,7 @@ def plot_runs(runs: Sequence[RunResult], out_dir: Path, title: str = "") -> list
         if ylim:
             ax.set_ylim(*ylim)
         _label(ax, "turn (0 = first)", ylabel, f"{heading} {title}")
-        return _save(fig, out_dir / name)
+        return save_figure(fig, out_dir / name)
 
     paths.append(by_turn_plot(lambda t: t.ttft_s, "mean time to first token (s)",
                               "ttft_by_turn.png", "TTFT by turn"))
@@ -151,7 +151,7 @@ def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.legend()
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt

@@ -259,7 +259,6 @@ class ContinuumSchedulerMixin:
         tool = None
         if request.num_output_tokens:
             tool = hints.tool or self._tool_calls.tool_called(request.output_token_ids)
-        if request.num_output_tokens:
             self.sessions.observe_turn_end(session, self.clock(), tool)
         if hints.last_turn:
             self._release_session(session, ReleaseReason.LAST_TURN)

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from vllm_continuum.bench.replay import RunResult
 from vllm_continuum.bench.report import COLUMNS as REPORT_COLUMNS
-from vllm_continuum.bench.report import markdown_table, plot_runs, summarize, write_runs
+from vllm_continuum.bench.report import markdown_table, plot_runs, save_figure, summarize, write_runs
 from vllm_continuum.bench.trace import Trace
 from vllm_continuum.bench.workload import load_trace, trace_for_run
 from vllm_continuum.sim.cost_model import CostModel, load_cost_model
@@ -133,22 +133,33 @@ def sweep_points(
     return "\n".join(lines), rows
 
 
+def _stock_ratios(rows: list[dict]) -> tuple[list, dict[str, list[float]], dict]:
+    """Seeds, each policy's stock-mean-JCT / its own per seed (empty without
+    stock), and the mean JCTs by (seed, policy)."""
+    seeds = sorted({r["seed"] for r in rows if "seed" in r})
+    jct = {(r["seed"], r["label"]): r["jct_mean_s"] for r in rows if "seed" in r}
+    policies = list(dict.fromkeys(r["label"] for r in rows if "seed" in r))
+    with_stock = "stock" in policies
+    ratios = {p: [jct[(s, "stock")] / jct[(s, p)] for s in seeds] if with_stock else [] for p in policies}
+    return seeds, ratios, jct
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
 def seed_summary(rows: list[dict]) -> list[str]:
     """Per policy over seeds: geometric mean, min and max of stock's mean JCT over
     the policy's, and in how many seeds the policy had the lowest mean JCT (ties count
     for every policy tied)."""
-    seeds = sorted({r["seed"] for r in rows})
-    policies = list(dict.fromkeys(r["label"] for r in rows))
-    jct = {(r["seed"], r["label"]): r["jct_mean_s"] for r in rows}
-    best = {s: min(jct[(s, p)] for p in policies) for s in seeds}
+    seeds, ratios, jct = _stock_ratios(rows)
+    best = {s: min(jct[(s, p)] for p in ratios) for s in seeds}
     lines = ["| policy | stock / mean JCT, geometric mean | min | max | lowest mean JCT in |",
              "|---|---|---|---|---|"]
-    for p in policies:
-        ratios = [jct[(s, "stock")] / jct[(s, p)] for s in seeds] if "stock" in policies else []
-        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+    for p, rs in ratios.items():
         wins = sum(jct[(s, p)] <= best[s] * (1 + 1e-9) for s in seeds)
-        lo, hi = (min(ratios), max(ratios)) if ratios else (float("nan"),) * 2
-        lines.append(f"| {p} | {geo:.3f}x | {lo:.2f}x | {hi:.2f}x | {wins} of {len(seeds)} seeds |")
+        lo, hi = (min(rs), max(rs)) if rs else (float("nan"),) * 2
+        lines.append(f"| {p} | {_geomean(rs):.3f}x | {lo:.2f}x | {hi:.2f}x | {wins} of {len(seeds)} seeds |")
     return lines
 
 
@@ -170,9 +181,7 @@ def _plot_sweep(rows: list[dict], out_dir: Path) -> None:
         ax.set_ylabel(f"{what} JCT (s)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "sweep_jct.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_dir / "sweep_jct.png")
 
 
 def plot_seeds(rows: list[dict], out_dir: Path, title: str = "") -> Path:
@@ -184,26 +193,19 @@ def plot_seeds(rows: list[dict], out_dir: Path, title: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in rows if "seed" in r]
-    jct = {(r["seed"], r["label"]): r["jct_mean_s"] for r in rows}
-    seeds = sorted({r["seed"] for r in rows})
-    policies = [p for p in dict.fromkeys(r["label"] for r in rows) if p != "stock"]
+    _, ratios, _ = _stock_ratios(rows)
+    policies = [p for p in ratios if p != "stock"]
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(policies), 4))
     for i, policy in enumerate(policies):
-        ratios = [jct[(s, "stock")] / jct[(s, policy)] for s in seeds]
-        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        ax.bar(i, geo, color="C0" if "hold" in policy else "C1" if "yield" in policy else "C7", alpha=0.45)
-        ax.scatter([i] * len(ratios), ratios, color="black", s=12, zorder=3)
+        color = "C0" if "hold" in policy else "C1" if "yield" in policy else "C7"
+        ax.bar(i, _geomean(ratios[policy]), color=color, alpha=0.45)
+        ax.scatter([i] * len(ratios[policy]), ratios[policy], color="black", s=12, zorder=3)
     ax.axhline(1.0, color="grey", lw=1, ls="--")
     ax.set_xticks(range(len(policies)), policies, rotation=20)
     ax.set_ylabel("stock mean JCT / policy's")
     ax.set_title(f"per seed (dots), geometric mean (bars) {title}".strip(), fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = out_dir / "seeds_ratio.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir / "seeds_ratio.png")
 
 
 def run_sim(
