@@ -357,3 +357,12 @@ def test_programs_end_by_hint_or_idleness():
 )
 def test_tool_name_from_text(text, name):
     assert tool_name_from_text(text) == name
+
+
+def test_a_prompt_anchors_all_but_its_last_full_block():
+    """The next turn's tokenizer may re-cut the previous prompt's last tokens
+    where the new text joins: that block is not required."""
+    hashes = ["h1", "h2", "h3", "h4"]
+    assert Anchor.of_prompt(hashes, 3) == Anchor(2, "h2")
+    assert Anchor.of_prompt(hashes, 1) == Anchor(1, "h1")
+    assert Anchor.of_prompt(hashes, 0) is None

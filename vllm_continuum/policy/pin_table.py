@@ -53,6 +53,14 @@ class Anchor:
         n = min(num_blocks, len(hashes))
         return cls(n, hashes[n - 1]) if n > 0 else None
 
+    @classmethod
+    def of_prompt(cls, hashes: Sequence[Hashable], prompt_blocks: int) -> Anchor | None:
+        """The anchor a turn whose prompt fills `prompt_blocks` full blocks leaves
+        for its next turn: all of them but the last, which the next turn's
+        tokenizer may re-cut where the new text joins (a BPE merge across the
+        junction); a one-block prompt anchors on its only block."""
+        return cls.of(hashes, prompt_blocks - 1 if prompt_blocks > 1 else prompt_blocks)
+
 
 @dataclass(eq=False)
 class Pin:

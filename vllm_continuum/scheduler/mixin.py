@@ -325,7 +325,7 @@ class ContinuumSchedulerMixin:
         if request.num_output_tokens:
             tool = hints.tool or self._tool_calls.tool_called(request.output_token_ids)
             if of_program:
-                anchor = Anchor.of(hashes, request.num_prompt_tokens // self._hash_block_size)
+                anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self._hash_block_size)
                 self.sessions.observe_turn_end(session, self.clock(), tool, anchor)
         if hints.last_turn:
             if of_program:
@@ -349,7 +349,7 @@ class ContinuumSchedulerMixin:
         replaced, kept = self._within_session_quota(session, blocks, hashes)
         kept_ids = self._ledger.ids(blocks[:kept])
         kept_hashes = hashes[: kept * self._hashes_per_block]
-        anchor = Anchor.of(kept_hashes, request.num_prompt_tokens // self._hash_block_size)
+        anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self._hash_block_size)
         ttl_s = 0.0
         if kept_ids and anchor is not None:
             # The TTL is decided on what the pin will actually keep.
