@@ -349,9 +349,12 @@ class ContinuumSchedulerMixin:
             return False
         if not self._pinning:
             return False
-        return self._pin(request, session, tool, hints)
+        program_arrival = turn.program_arrival if turn is not None else request.arrival_time
+        return self._pin(request, session, tool, hints, program_arrival)
 
-    def _pin(self, request: Request, session: str, tool: str, hints: Hints) -> bool:
+    def _pin(
+        self, request: Request, session: str, tool: str, hints: Hints, arrival: float
+    ) -> bool:
         blocks, fence = self._ledger.take(request)
         hashes = tuple(request.block_hashes)
         replaced, kept = self._within_session_quota(session, blocks, hashes)
@@ -371,7 +374,6 @@ class ContinuumSchedulerMixin:
                 "continuum: session=%s tool=%s ttl=%.3fs source=%s",
                 session, tool, ttl_s, decision.source,
             )
-        arrival = self.sessions.first_arrival(session, request.arrival_time)
         victims = self._room_under_cap(kept_ids, replaced, arrival) if ttl_s > 0 else None
         if victims is None:
             if ttl_s > 0:
