@@ -374,25 +374,22 @@ def test_extra_wait_begins_when_a_later_arrival_goes_ahead():
     bound = WaitingBound(max_delay_s=2.0)
     # r1 enqueued at 1, r2 at 2. Admitting r0 (enqueued at 0.5) passes nobody.
     bound.went_ahead(0.5, level=0, now=3.0)
-    assert bound.extra_since("r1", 1.0, 0) is None
+    assert bound.extra_since(1.0, 0) is None
     # A turn enqueued at 1.5 goes first: r1 is passed at t=4, r2 is not.
     bound.went_ahead(1.5, level=0, now=4.0)
-    assert bound.extra_since("r1", 1.0, 0) == 4.0 and bound.extra_since("r2", 2.0, 0) is None
-    assert not bound.overdue("r1", 1.0, 0, now=5.9) and bound.overdue("r1", 1.0, 0, now=6.0)
+    assert bound.extra_since(1.0, 0) == 4.0 and bound.extra_since(2.0, 0) is None
+    assert not bound.overdue(1.0, 0, now=5.9) and bound.overdue(1.0, 0, now=6.0)
     # Saturation alone (nobody later went ahead) never makes anyone overdue.
-    assert not bound.overdue("r2", 2.0, 0, now=1e6)
+    assert not bound.overdue(2.0, 0, now=1e6)
     # Another priority level is another queue.
-    assert bound.extra_since("r1", 1.0, level=1) is None
+    assert bound.extra_since(1.0, level=1) is None
 
 
-def test_held_back_by_pins_starts_the_clock_for_it_and_all_behind_it_that_arrived_earlier():
+def test_pins_holding_the_head_back_start_the_clock_for_everyone_waiting():
     bound = WaitingBound(max_delay_s=1.0)
-    bound.held_by_pins("head", enqueued_at=5.0, level=0, now=10.0)
-    assert bound.extra_since("head", 5.0, 0) == 10.0
-    assert bound.extra_since("older", 4.0, 0) == 10.0
-    assert bound.extra_since("younger", 6.0, 0) is None
-    bound.forget("head")
-    assert bound.extra_since("head", 5.0, 0) is None
+    bound.held_by_pins(level=0, now=10.0)
+    assert bound.extra_since(4.0, 0) == 10.0 and bound.extra_since(9.9, 0) == 10.0
+    assert bound.extra_since(10.5, 0) is None  # arrived after: its own wait is to come
 
 
 def test_pruned_marks_no_waiting_request_needs():
@@ -400,7 +397,7 @@ def test_pruned_marks_no_waiting_request_needs():
     for t in range(1, 6):
         bound.went_ahead(float(t), level=0, now=10.0 + t)
     bound.prune(oldest_waiting=3.5)
-    assert bound.extra_since("r", 3.5, 0) == 14.0  # the mark of enqueue time 4
+    assert bound.extra_since(3.5, 0) == 14.0  # the mark of enqueue time 4
     assert len(bound._latest[0]) == 2
 
 

@@ -7,10 +7,10 @@ A request's *extra wait* begins the first time either happens to it:
   admitted first. Stock vLLM's FCFS never does that, so from then on the
   wait is ours. Requests that arrived earlier, or of better priority, going
   first is stock behaviour and starts nothing.
-- it is held back by pins: its allocation failed, pins could have made
-  room, and the pressure policy (hold) kept them. Everything behind it
-  (vLLM stops at the first request that does not fit) that arrived before
-  it then waits for it, a later arrival: their extra wait begins too.
+- it is held back by pins: the head of the queue could not be admitted,
+  pins could have made room, and the pressure policy (hold) kept them.
+  vLLM stops at the first request that does not fit, so every request
+  waiting then is held back with it: their extra wait begins too.
 
 Once its extra wait has lasted `max_delay_s`, the request is *overdue*: the
 queue puts it first (no later arrival passes it again) and pins give way to
@@ -30,7 +30,6 @@ always the first to be overdue: the queue need only check it.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable
 
 
 class WaitingBound:
@@ -39,7 +38,6 @@ class WaitingBound:
         # Per priority level: mark times, and the latest enqueue time admitted by then.
         self._times: dict[int, list[float]] = {}
         self._latest: dict[int, list[float]] = {}
-        self._held: dict[Hashable, float] = {}  # request -> first time pins held it back
 
     def went_ahead(self, enqueued_at: float, level: int, now: float) -> None:
         """A request enqueued at `enqueued_at` was admitted (or held at the
@@ -49,26 +47,22 @@ class WaitingBound:
             latest.append(enqueued_at)
             self._times.setdefault(level, []).append(now)
 
-    def held_by_pins(self, request: Hashable, enqueued_at: float, level: int, now: float) -> None:
-        self._held.setdefault(request, now)
-        self.went_ahead(enqueued_at, level, now)
+    def held_by_pins(self, level: int, now: float) -> None:
+        """Pins kept memory the head of the queue needed: everyone waiting now
+        (enqueued before now, on the same clock) waits for them."""
+        self.went_ahead(now, level, now)
 
-    def forget(self, request: Hashable) -> None:
-        self._held.pop(request, None)
-
-    def extra_since(self, request: Hashable, enqueued_at: float, level: int) -> float | None:
-        """When the request's extra wait began (None: it has had none)."""
-        since = self._held.get(request)
+    def extra_since(self, enqueued_at: float, level: int) -> float | None:
+        """When the extra wait of a request enqueued then began (None: none yet)."""
         latest = self._latest.get(level)
         if latest:
             i = bisect.bisect_right(latest, enqueued_at)
             if i < len(latest):
-                passed = self._times[level][i]
-                since = passed if since is None else min(since, passed)
-        return since
+                return self._times[level][i]
+        return None
 
-    def overdue(self, request: Hashable, enqueued_at: float, level: int, now: float) -> bool:
-        since = self.extra_since(request, enqueued_at, level)
+    def overdue(self, enqueued_at: float, level: int, now: float) -> bool:
+        since = self.extra_since(enqueued_at, level)
         return since is not None and now - since >= self.max_delay_s
 
     def prune(self, oldest_waiting: float) -> None:

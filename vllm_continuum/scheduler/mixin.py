@@ -206,7 +206,6 @@ class ContinuumSchedulerMixin:
     def _free_request_blocks(self, request: Request) -> None:
         if request.is_finished():
             turn = self._turns.pop(request.request_id, None)
-            self._bound.forget(request.request_id)
             if self._end_of_turn(request, turn):
                 return  # the pin now holds the request's blocks
         super()._free_request_blocks(request)
@@ -277,7 +276,6 @@ class ContinuumSchedulerMixin:
         turn = self._turns.get(request_id)
         if turn is not None:
             self._bound.went_ahead(turn.enqueued_at, self._level(request), self.clock())
-            self._bound.forget(request_id)
         if turn is not None and turn.resuming is not None:
             had_pin, arrived = turn.resuming
             turn.resuming = None
@@ -311,9 +309,7 @@ class ContinuumSchedulerMixin:
         return (
             turn is not None
             and request.status == RequestStatus.WAITING
-            and self._bound.overdue(
-                request.request_id, turn.enqueued_at, self._level(request), self.clock()
-            )
+            and self._bound.overdue(turn.enqueued_at, self._level(request), self.clock())
         )
 
     # ------------------------------------------------------------ finish side
@@ -509,12 +505,8 @@ class ContinuumSchedulerMixin:
             preempted=request.status == RequestStatus.PREEMPTED,
             overdue=self._overdue(request),
         ):
-            # Pins could make room but are held: its extra wait runs from now.
-            turn = self._turns.get(request.request_id)
-            if turn is not None:
-                self._bound.held_by_pins(
-                    request.request_id, turn.enqueued_at, self._level(request), self.clock()
-                )
+            # Pins could make room but are kept: everyone waiting waits for them.
+            self._bound.held_by_pins(self._level(request), self.clock())
             return None
         for pin in victims:
             self.pins.remove(pin)
