@@ -18,13 +18,16 @@ import time
 import httpx
 import pytest
 
+from vllm_continuum.config import ContinuumConfig
+
 pytestmark = pytest.mark.engine
 
 AGENTS = 4
 TURN_TOKENS = 24
 PAUSE_S = 0.3
 BIG_PROMPT = 800  # 50 of the 63 blocks
-BOUND_S = 2.0  # the default max_queue_delay_s, which the live server runs with
+# The live server runs with the default waiting bound.
+BOUND_S = ContinuumConfig.model_fields["max_queue_delay_s"].default
 
 
 async def agent(client: httpx.AsyncClient, i: int, stop: asyncio.Event, latencies: list):

@@ -64,7 +64,7 @@ class ContinuumConfig(BaseSettings):
         "exactly stock vLLM).",
     )
     max_queue_delay_s: float = Field(
-        2.0,
+        1.0,
         ge=0,
         description="Waiting bound: once our queue order or our pins have delayed a "
         "request this long (from the first time a later arrival went ahead of it, or pins "
