@@ -316,12 +316,17 @@ def run(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
         args.model, args.instances, args.log_dir, list(vllm_args), base_port=args.base_port,
         kv_events=not args.no_kv_events,
     )
-    stop = {"now": False}
+    stop = {"now": False, "serving": False}
 
     def on_signal(*_):
         stop["now"] = True
+        if not stop["serving"]:  # still starting: interrupt the wait at once
+            raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_signal)
+    # Ctrl-C (SIGINT), a closed terminal (SIGHUP) and SIGTERM all stop everything;
+    # SIGINT is set explicitly because a shell starts background jobs with it ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
         print(f"starting {args.instances} continuum instance(s); logs in {args.log_dir}/", flush=True)
         cluster.start_instances()
@@ -331,6 +336,7 @@ def run(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
             print(f"  instance {i}: {s.base_url}  (metrics {s.base_url}/metrics){kv}", flush=True)
         router = cluster.start_router(args.policy, args.router_arg, port=args.port,
                                       block_size=_block_size(vllm_args))
+        stop["serving"] = True
         print(f"  router ({args.policy}): {router.base_url}/v1  log {router.log_path}", flush=True)
         print("send the session id as the X-Session-ID header; Ctrl-C stops everything", flush=True)
         while not stop["now"]:
@@ -340,7 +346,7 @@ def run(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
                     return 1
             time.sleep(0.5)
     except KeyboardInterrupt:
-        pass
+        return 130 if not stop["serving"] else 0
     finally:
         print("stopping the router and the instances", flush=True)
         cluster.stop()

@@ -1,0 +1,67 @@
+"""`vllm-continuum cluster` without starting anything: the commands it builds
+and its argument handling (the live behaviour is tests/test_engine_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_continuum.cli import main
+from vllm_continuum.cluster import Cluster, Instance, Router, kv_events_config, router_executable
+
+
+def test_router_command_for_kv_aware_names_every_event_source():
+    r = Router(["http://127.0.0.1:1", "http://127.0.0.1:2"], "kv_aware",
+               {"http://127.0.0.1:1": "tcp://127.0.0.1:7001", "http://127.0.0.1:2": "tcp://127.0.0.1:7002"},
+               kv_event_block_size=32, kv_event_model="tiny", extra_args=["--log-level", "debug"], port=9)
+    cmd = r.command
+    assert cmd[0] == router_executable()
+    assert cmd[cmd.index("--policy") + 1] == "kv_aware"
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert "http://127.0.0.1:1=tcp://127.0.0.1:7001" in cmd and "http://127.0.0.1:2=tcp://127.0.0.1:7002" in cmd
+    assert cmd[cmd.index("--kv-event-model") + 1] == "tiny"
+    assert cmd[cmd.index("--kv-event-block-size") + 1] == "32"
+    assert cmd[-2:] == ["--log-level", "debug"]
+    # Other policies get no KV-event flags (vllm-router would refuse them).
+    assert "--kv-event-source" not in Router(["http://x"], "consistent_hash", {"http://x": "tcp://y"}).command
+
+
+def test_instance_command_runs_continuum_with_events_and_the_instance_header(tmp_path):
+    c = Cluster("MODEL", 2, tmp_path, ["--block-size", "32", "--served-model-name", "m"], base_port=8100)
+    assert c.model_name == "m"
+    i = Instance("MODEL", ["--scheduler-cls", "continuum"], port=8101)
+    i.kv_events_endpoint = f"ipc://{tmp_path}/kv.sock"
+    cmd = i.command
+    assert cmd[cmd.index("--port") + 1] == "8101" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--middleware") + 1] == "vllm_continuum.instance_header.InstanceHeaderMiddleware"
+    events = json.loads(cmd[cmd.index("--kv-events-config") + 1])
+    assert events == json.loads(kv_events_config(f"ipc://{tmp_path}/kv.sock"))
+    assert events["publisher"] == "zmq" and events["enable_kv_cache_events"] is True
+    assert cmd[-2:] == ["--scheduler-cls", "continuum"]
+
+
+def test_cli_refuses_kv_aware_without_events_and_zero_instances():
+    with pytest.raises(SystemExit, match="KV events"):
+        main(["cluster", "MODEL", "--policy", "kv_aware", "--no-kv-events"])
+    with pytest.raises(SystemExit, match="at least 1"):
+        main(["cluster", "MODEL", "--instances", "0"])
+
+
+def test_instance_header_middleware_names_the_instance(monkeypatch):
+    import asyncio
+
+    from vllm_continuum.instance_header import InstanceHeaderMiddleware
+
+    monkeypatch.setenv("CONTINUUM_INSTANCE", "node-3")
+    sent = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"a", b"b")]})
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(InstanceHeaderMiddleware(app)({"type": "http"}, None, send))
+    assert (b"x-continuum-instance", b"node-3") in sent[0]["headers"]
