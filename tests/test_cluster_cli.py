@@ -65,3 +65,23 @@ def test_instance_header_middleware_names_the_instance(monkeypatch):
 
     asyncio.run(InstanceHeaderMiddleware(app)({"type": "http"}, None, send))
     assert (b"x-continuum-instance", b"node-3") in sent[0]["headers"]
+
+
+def test_prometheus_config_scrapes_every_instance():
+    """configs/prometheus.yml is valid for Prometheus's own checker and has a
+    job with one target per instance of the `cluster` command's defaults."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "prometheus.yml"
+    config = yaml.safe_load(path.read_text())
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert jobs["vllm"]["static_configs"][0]["targets"] == ["127.0.0.1:8000"]
+    assert jobs["vllm-cluster"]["static_configs"][0]["targets"] == ["127.0.0.1:8100", "127.0.0.1:8101"]
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (scripts/setup.sh installs Debian's prometheus)")
+    run = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -13,6 +13,8 @@ served it (`X-Continuum-Instance`).
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import threading
 import time
 from collections import defaultdict
@@ -34,7 +36,7 @@ from vllm_continuum.cluster_scenario import (
 )
 from vllm_continuum.dp_affinity import rank_for_session
 from vllm_continuum.pause_scenario import churn
-from vllm_continuum.server import BLOCK_SIZE, CPU_SERVER_FLAGS
+from vllm_continuum.server import BLOCK_SIZE, CPU_SERVER_FLAGS, free_port
 
 pytestmark = pytest.mark.engine
 
@@ -71,6 +73,60 @@ def cluster(tiny_model_dir, tmp_path_factory, dp_server_started):
     print("\nscale-out measurements (resumed turns of 8 sessions x 4 calls):")
     for label, summary in RESULTS.items():
         print(f"  {label}: {json.dumps(summary)}")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster, tmp_path_factory):
+    """A real Prometheus on configs/prometheus.yml's cluster job, its targets
+    pointed at the live instances (the single-server job dropped)."""
+    import yaml
+
+    exe = shutil.which("prometheus")
+    if exe is None:
+        pytest.fail("Prometheus is not installed: run scripts/setup.sh (Debian package `prometheus`)")
+    config = yaml.safe_load((ROOT / "configs" / "prometheus.yml").read_text())
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "vllm-cluster")
+    job["static_configs"][0]["targets"] = [s.base_url.removeprefix("http://") for s in cluster.servers]
+    config["scrape_configs"] = [job]
+    config["global"]["scrape_interval"] = "1s"
+    home = tmp_path_factory.mktemp("prometheus-cluster")
+    (home / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = open(home / "prometheus.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [exe, f"--config.file={home / 'prometheus.yml'}", f"--storage.tsdb.path={home / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: proc.poll() is None and _up(url) == len(cluster.servers), 60,
+                 "Prometheus scraping every instance")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _query(url: str, expr: str) -> list[dict]:
+    r = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10)
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def _up(url: str) -> int:
+    try:
+        return sum(float(s["value"][1]) == 1 for s in _query(url, 'up{job="vllm-cluster"}'))
+    except (httpx.HTTPError, AssertionError, ValueError):
+        return 0
 
 
 def continuum_counters(url: str) -> dict[str, float]:
@@ -141,7 +197,7 @@ def test_kv_aware_with_session_affinity_keeps_every_session_on_its_pin(cluster):
         assert f"kv_index subscriber for {url}" in log and endpoint in log
 
 
-def test_round_robin_loses_pins_and_the_engines_see_it(cluster):
+def test_round_robin_loses_pins_and_the_engines_see_it(cluster, prometheus):
     """Measured and printed; asserted only what must hold once turns move."""
     result, counts = run_behind(cluster, "round_robin", "round_robin")
     moved = [t for t in result.resumed if t.moved]
@@ -150,6 +206,42 @@ def test_round_robin_loses_pins_and_the_engines_see_it(cluster):
     # Each session's first move lands on an instance that never saw it: the
     # engines count it, and that turn found no pin there.
     assert counts["affinity_misses"] >= 1
+
+
+def test_dashboard_cluster_row_shows_each_instance(cluster, prometheus):
+    """The dashboard's Cluster row, evaluated on what Prometheus scraped from
+    both instances (configs/prometheus.yml's cluster job): a series per
+    instance, and the broken-affinity counter moved by the round-robin run."""
+    dashboard = json.loads((ROOT / "grafana" / "dashboards" / "vllm-continuum.json").read_text())
+    panels, in_cluster = [], False
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            in_cluster = panel["title"] == "Cluster"
+        elif in_cluster:
+            panels.append(panel)
+    assert {p["title"] for p in panels} >= {
+        "Pins and pinned sessions by instance", "Resumes by instance: pinned vs unpinned",
+        "Pinned-block share by instance", "Broken session affinity by instance"}
+    values = {"$model_name": "tiny", "$instance": ".*", "$__rate_interval": "10m",
+              "$__range": "1h"}
+    instances = {s.base_url.removeprefix("http://") for s in cluster.servers}
+    time.sleep(2.5)  # two more scrapes after the last run
+    for panel in panels:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for var, value in values.items():
+                expr = expr.replace(var, value)
+            result = _query(prometheus, expr)
+            assert result, (panel["title"], expr)
+            if "by (instance" in expr:
+                assert {r["metric"]["instance"] for r in result} == instances, (panel["title"], result)
+    misses = _query(prometheus, 'sum(continuum_affinity_misses_total{job="vllm-cluster"})')
+    assert float(misses[0]["value"][1]) >= 1
+    # The variable's query lists both instances.
+    listed = httpx.get(f"{prometheus}/api/v1/label/instance/values",
+                       params={"match[]": 'continuum_pinned_blocks{model_name="tiny"}'},
+                       timeout=10).json()["data"]
+    assert set(listed) == instances
 
 
 # ------------------------------------------------------------------ KV events
