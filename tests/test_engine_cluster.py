@@ -197,6 +197,16 @@ def test_kv_aware_with_session_affinity_keeps_every_session_on_its_pin(cluster):
         assert f"kv_index subscriber for {url}" in log and endpoint in log
 
 
+def test_program_scheduling_binding_only_keeps_every_session_on_its_pin(cluster):
+    """The recommended way to combine vllm-router's program scheduling with
+    ours (docs/scaling.md): its program identity and binding, our retention."""
+    config = {"program_scheduling_enable_key": "auto", "binding_only": True}
+    result, counts = run_behind(
+        cluster, "consistent_hash+program_binding_only", "consistent_hash",
+        ["--enable-program-scheduling", "--program-scheduling-config-json", json.dumps(config)])
+    assert_affine(result, counts)
+
+
 def test_round_robin_loses_pins_and_the_engines_see_it(cluster, prometheus):
     """Measured and printed; asserted only what must hold once turns move."""
     result, counts = run_behind(cluster, "round_robin", "round_robin")

@@ -99,12 +99,14 @@ R, C = 7, 5  # the tool-result and tool-call token ids
 
 def test_counts_and_rule():
     assert count_token([1, R, 2, R], R) == 2
+    assert count_token((1, R), R) == 1 and count_token(iter([R, R]), R) == 2
     assert count_token([1, 2], None) == 0
     assert not is_affinity_miss(0, None)  # a first turn
     assert is_affinity_miss(1, None)  # a continuation this engine never saw
-    assert not is_affinity_miss(1, SeenTurn(0, 1))  # the turn after one call served here
-    assert not is_affinity_miss(3, SeenTurn(1, 2))  # two parallel calls served here
-    assert is_affinity_miss(2, SeenTurn(0, 1))  # a turn ran elsewhere in between
+    assert not is_affinity_miss(1, SeenTurn(10, 1))  # the turn after one call served here
+    assert not is_affinity_miss(2, SeenTurn(10, 2))  # two parallel calls served here
+    assert is_affinity_miss(2, SeenTurn(10, 1))  # a turn ran elsewhere in between
+    assert is_affinity_miss(1, SeenTurn(10, 0))  # the turn seen here made no call
 
 
 @pytest.mark.parametrize(
@@ -113,6 +115,8 @@ def test_counts_and_rule():
         ("AAAA", 0),  # affine: never
         ("ABAB", 3),  # round robin over two engines: every turn after the first
         ("AABB", 1),  # moved once
+        ("ABBA", 2),  # left and came back: both counted
+        ("AAAB", 1),
     ],
 )
 def test_monitors_on_two_engines_count_each_turn_that_continues_elsewhere(route, misses):

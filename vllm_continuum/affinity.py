@@ -11,10 +11,12 @@ can notice a turn that continues a conversation it did not serve:
 A tool result in the prompt (Hermes-style templates wrap each in a
 `<tool_response>` special token; configurable) means an earlier turn of the
 session ended in a tool call. If this engine has never seen the session, that
-earlier turn ran elsewhere. If it has, it knows how many tool results the
-last prompt it saw held and how many tool calls that turn produced
-(`<tool_call>` tokens in its output); more results than that means turns ran
-elsewhere in between. Each such request counts once as an affinity miss
+earlier turn ran elsewhere. If it has, it knows the length of the last prompt
+it saw and how many tool calls that turn produced (`<tool_call>` tokens in
+its output); the next prompt extends that one, and more tool results in the
+appended part than calls made means turns ran elsewhere in between. Cost:
+one scan of the appended tokens per new request (of a new session: up to
+its first tool result). Each such request counts once as an affinity miss
 (`continuum_affinity_misses_total`).
 
 Why this signal: it needs nothing from the router or the client (no header,
@@ -23,9 +25,11 @@ and does not fire on the first turn of a session or on turns that continue
 here. The `<tool_call>` token itself is not usable on the prompt side: tool
 preambles of chat templates mention it (`... within <tool_call></tool_call>
 XML tags`), so it is in every prompt that offers tools. Limits: a model whose
-template has no tool-result token gives no signal (set `marker` to its
-token); sessions forgotten by the bounded table look new (a miss may then be
-counted for a session idle that long).
+template has no tool-result token gives no signal (set
+`CONTINUUM_TOOL_RESULT_TOKEN` to its token); a client that trims the history
+(so the prompt no longer extends the previous one) is not judged; sessions
+forgotten by the bounded table look new (a miss may then be counted for a
+session idle that long).
 """
 
 from __future__ import annotations
@@ -39,21 +43,25 @@ TOOL_CALL_TOKEN = "<tool_call>"
 
 
 def count_token(token_ids: Sequence[int], token_id: int | None) -> int:
+    """Occurrences of `token_id` (C speed on lists: ~0.1 ms per 100k tokens)."""
     if token_id is None:
         return 0
-    return sum(1 for t in token_ids if t == token_id)
+    count = getattr(token_ids, "count", None)
+    return count(token_id) if count is not None else sum(1 for t in token_ids if t == token_id)
 
 
-def is_affinity_miss(results_in_prompt: int, seen: SeenTurn | None) -> bool:
-    """The rule above, on counts: `seen` is what this engine saw of the session."""
+def is_affinity_miss(new_results: int, seen: SeenTurn | None) -> bool:
+    """The rule above, on counts. `seen`: what this engine saw of the session;
+    `new_results`: tool results in the prompt past the last prompt it saw
+    (the whole prompt if it never saw the session)."""
     if seen is None:
-        return results_in_prompt > 0
-    return results_in_prompt > seen.results_in_prompt + max(seen.calls_in_output, 0)
+        return new_results > 0
+    return new_results > max(seen.calls_in_output, 0)
 
 
 @dataclass
 class SeenTurn:
-    results_in_prompt: int  # tool results in the last prompt this engine saw
+    prompt_len: int  # tokens of the last prompt this engine saw (the next one extends it)
     calls_in_output: int = 0  # tool calls in that turn's output (0 until it finishes)
     request_id: str | None = None
 
@@ -83,10 +91,13 @@ class AffinityMonitor:
         """Record a new request; True if it is an affinity miss."""
         if not session or not self.active:
             return False
-        results = count_token(prompt_token_ids, self.result_token_id)
         seen = self._seen.get(session)
-        miss = is_affinity_miss(results, seen)
-        self._seen[session] = SeenTurn(results, 0, request_id)
+        if seen is None:  # any tool result at all (stops at the first)
+            new_results = int(self.result_token_id in prompt_token_ids)
+        else:  # only what was appended since (O(new tokens), not O(context))
+            new_results = count_token(prompt_token_ids[seen.prompt_len:], self.result_token_id)
+        miss = is_affinity_miss(new_results, seen)
+        self._seen[session] = SeenTurn(len(prompt_token_ids), 0, request_id)
         self._seen.move_to_end(session)
         while len(self._seen) > self.max_sessions:
             self._seen.popitem(last=False)
