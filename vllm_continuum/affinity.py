@@ -134,8 +134,11 @@ class AffinitySignalMixin:
             import os
 
             tokenizer = getattr(getattr(self, "structured_output_manager", None), "tokenizer", None)
-            marker = os.environ.get("CONTINUUM_TOOL_RESULT_TOKEN", TOOL_RESULT_TOKEN)
-            call = getattr(getattr(self, "continuum_config", None), "tool_call_token", TOOL_CALL_TOKEN)
+            cfg = getattr(self, "continuum_config", None)
+            # A settings field if config.py grows one, else the environment.
+            marker = getattr(cfg, "tool_result_token", None) or os.environ.get(
+                "CONTINUUM_TOOL_RESULT_TOKEN", TOOL_RESULT_TOKEN)
+            call = getattr(cfg, "tool_call_token", TOOL_CALL_TOKEN)
             stats = getattr(self, "continuum_stats", None)
             monitor = AffinityMonitor(
                 token_id(tokenizer, marker),
