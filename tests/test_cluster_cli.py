@@ -35,7 +35,9 @@ def test_instance_command_runs_continuum_with_events_and_the_instance_header(tmp
     i.kv_events_endpoint = f"ipc://{tmp_path}/kv.sock"
     cmd = i.command
     assert cmd[cmd.index("--port") + 1] == "8101" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
-    assert cmd[cmd.index("--middleware") + 1] == "vllm_continuum.instance_header.InstanceHeaderMiddleware"
+    middleware = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--middleware"]
+    assert middleware == ["vllm_continuum.instance_header.InstanceHeaderMiddleware",
+                          "vllm_continuum.pins_endpoint.PinsEndpoint"]
     events = json.loads(cmd[cmd.index("--kv-events-config") + 1])
     assert events == json.loads(kv_events_config(f"ipc://{tmp_path}/kv.sock"))
     assert events["publisher"] == "zmq" and events["enable_kv_cache_events"] is True
@@ -85,3 +87,50 @@ def test_prometheus_config_scrapes_every_instance():
         pytest.skip("promtool not installed (scripts/setup.sh installs Debian's prometheus)")
     run = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_pins_side_channel_lists_live_pins_by_session_digest(tmp_path):
+    """GET /continuum/pins: what the engines' snapshots say, judged now."""
+    import asyncio
+
+    from vllm_continuum.metrics.snapshot import SnapshotWriter, session_digest
+    from vllm_continuum.pins_endpoint import PinsEndpoint, live_pins, session_sha256
+
+    assert session_sha256("agent-42") == session_digest("agent-42")
+    long_id = "x" * 300  # keyed in the engine by its SHA-256 (scheduler.mixin.session_key)
+    import hashlib
+    key = "sha256:" + hashlib.sha256(long_id.encode()).hexdigest()
+    assert session_digest(key) == session_sha256(long_id)
+
+    now = 1000.0
+    SnapshotWriter(tmp_path).write({"format": 1, "mono": now - 5, "idle": True, "pins": [
+        [10, 20.0, 30.0, False, "a" * 32],  # 15 s left now
+        [4, 2.0, 30.0, False, "b" * 32],  # expired while idle (3 s ago > grace)
+        [6, 2.0, 30.0, True, "c" * 32],  # past its TTL but held for a queued turn
+        [3, 9.0, 9.0, False],  # an older snapshot format: not named, skipped
+    ]})
+    listing = live_pins(str(tmp_path), now=now)
+    assert listing["engines"] == 1
+    assert [(p["session_sha256"][0], p["blocks"], p["expires_in_s"], p["held"])
+            for p in listing["pins"]] == [("c", 6, 0.0, True), ("a", 10, 15.0, False)]
+    assert live_pins(None) == {"engines": 0, "pins": []}
+
+    sent = []
+
+    async def app(scope, receive, send):
+        sent.append("passed through")
+
+    async def send(message):
+        sent.append(message)
+
+    async def call(path, method="GET"):
+        await PinsEndpoint(app)({"type": "http", "path": path, "method": method}, None, send)
+
+    asyncio.run(call("/v1/models"))
+    assert sent == ["passed through"]
+    sent.clear()
+    asyncio.run(call("/continuum/pins"))
+    assert sent[0]["status"] == 200 and json.loads(sent[1]["body"]) == {"engines": 0, "pins": []}
+    sent.clear()
+    asyncio.run(call("/continuum/pins", "POST"))
+    assert sent[0]["status"] == 405

@@ -328,6 +328,14 @@ def test_kv_events_stay_true_with_pins(cluster):
         pinned = set(sub.stored_by(session))
         assert len(pinned) >= first.usage.prompt_tokens // BLOCK_SIZE
 
+        # The side channel names the pin and its expiry (KV events cannot).
+        from vllm_continuum.pins_endpoint import session_sha256
+
+        listing = httpx.get(f"{url}/continuum/pins", timeout=10).json()
+        mine = [p for p in listing["pins"] if p["session_sha256"] == session_sha256(session)]
+        assert len(mine) == 1 and mine[0]["blocks"] >= len(pinned) - 2, listing
+        assert 0 < mine[0]["expires_in_s"] <= float(ENV["CONTINUUM_DEFAULT_TTL_S"])
+
         # While pinned: the pool cycles (evictions are reported), never ours.
         t0 = time.monotonic()
         churn(client, seed=11, **cycle)

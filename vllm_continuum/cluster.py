@@ -113,7 +113,8 @@ class Instance(VLLMServer):
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "vllm_continuum.launch", "serve", self.model,
                "--host", "127.0.0.1", "--port", str(self.port),
-               "--middleware", "vllm_continuum.instance_header.InstanceHeaderMiddleware"]
+               "--middleware", "vllm_continuum.instance_header.InstanceHeaderMiddleware",
+               "--middleware", "vllm_continuum.pins_endpoint.PinsEndpoint"]
         if self.served_model_name:
             cmd += ["--served-model-name", self.served_model_name]
         if self.kv_events_endpoint:

@@ -87,7 +87,7 @@ class Totals:
         # Seconds since the snapshot was written (system-wide monotonic clock).
         age = now - float(snap.get("mono", now))
         idle = bool(snap.get("idle"))
-        for blocks, left_s, ttl_s, held in snap.get("pins", ()):
+        for blocks, left_s, ttl_s, held, *_ in snap.get("pins", ()):
             if idle and not held and age >= left_s + EXPIRY_GRACE_S:
                 self.releases_by_reason["expired"] += 1
                 self.histograms["pin_held_seconds"].observe("", max(0.0, ttl_s))
