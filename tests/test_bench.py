@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from vllm_continuum.bench.compare import merge_runs, round_table
+from vllm_continuum.bench.compare import merge_runs, one_shot_line, round_table
 from vllm_continuum.bench.replay import ProgramRecord, RunResult, TurnRecord, new_tokens
 from vllm_continuum.bench.report import markdown_table, plot_runs, summarize, write_runs
 from vllm_continuum.bench.trace import Program, Trace, Turn
@@ -36,6 +38,76 @@ def test_summary_and_table(tmp_path):
     assert "| 1 |" in round_table([[stock, ours]])
 
 
+def _with_one_shot(run: RunResult, ttfts: list[float]) -> RunResult:
+    """The run plus one-shot requests with these TTFTs (latency: TTFT + 1 s)."""
+    run.one_shot += [TurnRecord(f"c{i}", 0, None, float(i), ttft, ttft + 1.0, 50, 0, 4, 0)
+                     for i, ttft in enumerate(ttfts)]
+    return run
+
+
+def test_one_shot_columns_from_known_inputs(tmp_path):
+    """p50/p99 of the one-shot requests (numpy's linear percentiles), their ratio to
+    stock's, and the agents' figures untouched by them."""
+    stock = _with_one_shot(_run("stock", 10.0, 32), [1.0, 2.0, 3.0, 4.0, 5.0])
+    ours = _with_one_shot(_run("continuum", 5.0, 110), [2.0, 4.0, 6.0, 8.0, 20.0])
+    s, o = summarize(stock), summarize(ours)
+    assert (s["one_shot_requests"], s["one_shot_ttft_p50_s"]) == (5, 3.0)
+    assert s["one_shot_ttft_p99_s"] == pytest.approx(4.96)  # 4 + 0.96 * (5 - 4)
+    assert o["one_shot_ttft_p99_s"] == pytest.approx(19.52)  # 8 + 0.96 * (20 - 8)
+    assert o["one_shot_latency_p50_s"] == pytest.approx(7.0)
+    plain = summarize(_run("continuum", 5.0, 110))
+    agent_keys = [k for k in plain if not k.startswith("one_shot")]
+    assert {k: o[k] for k in agent_keys} == {k: plain[k] for k in agent_keys}
+    assert plain["one_shot_requests"] == 0
+    table = markdown_table([s, o], baseline="stock").splitlines()
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    row = dict(zip(head, (c.strip() for c in table[3].strip("|").split("|"))))
+    assert row["one-shot p99 TTFT s"] == "19.520"
+    assert row["one-shot p99 TTFT / stock's"] == f"{19.52 / 4.96:.2f}x"
+    assert row["one-shot p99 latency / stock's"] == f"{20.52 / 5.96:.2f}x"
+    assert row["stock JCT / JCT"] == "2.00x"
+    # Without one-shot traffic the table is the agents' table as before.
+    assert "one-shot" not in markdown_table([plain], baseline="continuum")
+    paths = plot_runs([stock, ours], tmp_path / "plots")
+    assert tmp_path / "plots" / "one_shot_ttft_cdf.png" in paths
+    back = RunResult.from_json(json.loads(json.dumps(ours.to_json())))
+    assert back.one_shot == ours.one_shot
+    merged = merge_runs([stock, stock], "stock")
+    assert len(merged.one_shot) == 10 and len({t.program for t in merged.one_shot}) == 10
+    rounds = round_table([[stock, ours]])
+    assert rounds.splitlines()[0].endswith("one-shot p99 TTFT / stock's |")
+    assert rounds.splitlines()[-1].endswith(f"| {19.52 / 4.96:.2f}x |")
+    line = one_shot_line(o, s)
+    assert "p50 6.000 s, p99 19.520 s" in line and f"({19.52 / 4.96:.2f}x stock's)" in line
+
+
+def test_replay_sends_one_shot_requests_without_session(monkeypatch):
+    """The replay client's bodies: an agent turn carries its session and hints, a
+    one-shot request neither; each is recorded where it belongs."""
+    from vllm_continuum.bench import replay as replay_mod
+
+    bodies = []
+
+    async def served_model(client):
+        return "m"
+
+    async def send_turn(client, body, started):
+        bodies.append({**body, "prompt": list(body["prompt"])})  # the client grows its history in place
+        return 0.01, 0.02, [7] * body["max_tokens"], {"prompt_tokens": len(body["prompt"])}
+
+    monkeypatch.setattr(replay_mod, "_served_model", served_model)
+    monkeypatch.setattr(replay_mod, "_send_turn", send_turn)
+    trace = Trace([Program("a", 0.0, (Turn(30, 2, "grep", 0.0), Turn(5, 1))),
+                   Program("c", 0.0, (Turn(40, 3),), one_shot=True)])
+    run = replay_mod.replay("http://unused", trace, progress=False, session_prefix="x-")
+    by_prompt = {len(b["prompt"]): b for b in bodies}
+    assert by_prompt[30]["session_id"] == "x-a" and by_prompt[30]["vllm_xargs"] == {"continuum_tool": "grep"}
+    assert by_prompt[30 + 2 + 5]["vllm_xargs"] == {"continuum_last_turn": 1}
+    assert "session_id" not in by_prompt[40] and "vllm_xargs" not in by_prompt[40]
+    assert [p.program for p in run.programs] == ["a"] and [t.program for t in run.turns] == ["a", "a"]
+    assert [(t.program, t.prompt_tokens, t.output_tokens) for t in run.one_shot] == [("c", 40, 3)]
+
+
 def test_new_tokens_are_distinct_and_stable():
     p = Program("a", 0.0, (Turn(10, 2),))
     q = Program("b", 0.0, (Turn(10, 2),))
@@ -46,9 +118,10 @@ def test_new_tokens_are_distinct_and_stable():
 
 @pytest.mark.engine
 def test_live_replay(live_servers, tmp_path):
-    """`bench` on two short programs against stock vLLM and continuum: prompts
-    grow by the generated tokens and the new tokens, resumed turns hit the
-    cache, and the report (JSON, table, plots) is written."""
+    """`bench` on two short programs and a one-shot request against stock vLLM and
+    continuum: prompts grow by the generated tokens and the new tokens, resumed
+    turns hit the cache, the one-shot request (no session) is served and reported
+    apart, and the report (JSON, table, plots) is written."""
     import json
 
     from vllm_continuum.bench.compare import run_bench
@@ -56,6 +129,7 @@ def test_live_replay(live_servers, tmp_path):
     trace = Trace([
         Program("a", 0.0, (Turn(300, 8, "grep", 0.2), Turn(64, 8, "cat", 0.1), Turn(64, 4))),
         Program("b", 0.1, (Turn(250, 8, "python", 0.3), Turn(64, 4))),
+        Program("c", 0.2, (Turn(200, 4),), one_shot=True),
     ], {"seed": 0})
     path = trace.save(tmp_path / "trace.jsonl")
     for flavour, server in live_servers.items():
@@ -65,6 +139,10 @@ def test_live_replay(live_servers, tmp_path):
         assert (out / "table.md").is_file() and (out / "plots" / "jct_cdf.png").is_file()
         run = RunResult.from_json(data["runs"][0])
         assert len(run.programs) == 2 and len(run.turns) == 5
+        (c,) = run.one_shot
+        assert (c.program, c.prompt_tokens, c.output_tokens) == ("c", 200, 4) and c.ttft_s > 0
+        assert data["summaries"][0]["one_shot_requests"] == 1
+        assert (out / "plots" / "one_shot_ttft_cdf.png").is_file()
         by_key = {(t.program, t.turn): t for t in run.turns}
         a0, a1, a2 = (by_key[("a", k)] for k in range(3))
         assert a0.prompt_tokens == 300 and a0.output_tokens == 8

@@ -6,6 +6,7 @@ real Prometheus) is tests/test_engine_metrics.py."""
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import json
 import os
 import subprocess
@@ -63,6 +64,9 @@ def metrics_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+BLOCK_IDS = itertools.count(1)
+
+
 class Engine:
     """The scheduler's side of the contract, with a real PinTable."""
 
@@ -74,14 +78,15 @@ class Engine:
 
     def pin(self, session: str, ttl: float, blocks: int = 5, tool: str = "search") -> Pin:
         now = self.clock()
-        pin = Pin(session, f"req-{session}", tool, [object()] * blocks, blocks, now, now + ttl, now)
+        ids = tuple(next(BLOCK_IDS) for _ in range(blocks))
+        pin = Pin(session, f"req-{session}", tool, [object()] * blocks, ids, now, now + ttl, now)
         self.pins.add(pin)
         self.stats.on_ttl_decision(tool, ttl, "hint")
         self.stats.on_pin(pin)
         return pin
 
     def release(self, pin: Pin, reason: ReleaseReason) -> None:
-        self.pins.pop(pin.session_id)
+        self.pins.remove(pin)
         self.stats.on_release(pin, reason, self.clock())
 
     def publish(self, idle: bool) -> None:
@@ -308,7 +313,7 @@ def test_counters_and_labels_on_the_scrape(metrics_dir, clock):
 def test_engines_of_a_data_parallel_server_add_up(tmp_path, clock):
     for pid, blocks in ((os.getpid(), 3), (os.getppid(), 4)):  # two live processes
         stats = ContinuumStats(writer=SnapshotWriter(tmp_path, pid))
-        pin = Pin(f"s{pid}", "r", "t", [], blocks, clock(), clock() + 60, 0.0)
+        pin = Pin(f"s{pid}", "r", "t", [], tuple(range(blocks)), clock(), clock() + 60, 0.0)
         stats.on_pin(pin)
         stats.publish([pin], 10, clock(), True, lambda _: False)
     s = scrape(collector_at(clock, tmp_path))

@@ -3,6 +3,7 @@ lane queue, session registry."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -12,7 +13,8 @@ from hypothesis import strategies as st
 
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.policy.hints import NO_HINTS, parse_hints
-from vllm_continuum.policy.pin_table import Pin, PinTable
+from vllm_continuum.policy.pin_table import Anchor, Pin, PinTable
+from vllm_continuum.policy.pressure import blocks_freed, may_release_pins, pins_to_release
 from vllm_continuum.policy.sessions import SessionRegistry
 from vllm_continuum.policy.tool_calls import tool_name_from_text
 from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
@@ -99,28 +101,69 @@ def test_never_policy_ignores_hints():
 
 
 # --------------------------------------------------------------- pin table
-def pin(session, arrival=0.0, expires=10.0, n=2):
-    return Pin(session, f"r-{session}", "t", [object()] * n, n, 0.0, expires, arrival)
+def pin(session, arrival=0.0, expires=10.0, n=2, ids=None, hashes=None, request=None):
+    ids = tuple(ids) if ids is not None else tuple(range(n))
+    hashes = tuple(hashes) if hashes is not None else ()
+    return Pin(
+        session, request or f"r-{session}-{next(_PIN_NO)}", "t", [object()] * len(ids), ids,
+        0.0, expires, arrival, anchor=Anchor.of(hashes, len(hashes)), hashes=hashes,
+    )
 
 
-def test_pin_table_replaces_and_counts():
+_PIN_NO = itertools.count()
+
+
+def test_pin_table_counts_distinct_blocks():
+    """Two sessions sharing an 18-block system prompt: 22 distinct blocks, not 40."""
     table = PinTable()
-    assert table.add(pin("a", n=3)) is None
-    old = table.add(pin("a", n=5))
-    assert old is not None and old.num_blocks == 3
-    assert table.num_pinned_blocks == 5 and len(table) == 1
+    system = list(range(18))
+    table.add(pin("a", ids=system + [100, 101]))
+    assert table.marginal(system + [200, 201]) == 2
+    b = pin("b", ids=system + [200, 201])
+    table.add(b)
+    assert table.num_pinned_blocks == 22 and len(table) == 2
+    assert table.share(b) == pytest.approx(9 + 2)  # half of each shared block
+    assert sum(table.share(p) for p in table) == pytest.approx(22)
+    assert table.count_with([300], without=[b]) == 21
+    table.remove(b)
+    assert table.num_pinned_blocks == 20 and not table.remove(b)
 
 
-def test_expired_is_lazy_and_skips_replaced_pins():
+def test_a_pin_belongs_to_its_prefix():
     table = PinTable()
-    table.add(pin("a", expires=5))
+    a = pin("s", hashes=["h1", "h2", "h3"])
+    fork = pin("s", hashes=["h1", "x2"])
+    table.add(a)
+    table.add(fork)
+    assert table.continued_by("s", ["h1", "h2", "h3", "h4"]) is a
+    assert table.continued_by("s", ["h1", "x2", "x3"]) is fork
+    assert table.continued_by("s", ["h1", "h2"]) is None  # stops short of the anchor
+    assert table.continued_by("other", ["h1", "h2", "h3"]) is None  # not its session
+    assert table.continued_by("s", ["z1", "z2", "z3"]) is None  # same id, other prefix
+    assert table.subsumed_by("s", ["h1", "h2", "h3", "h4"]) == [a]
+    assert table.get("s") is fork and table.of_session("s") == [a, fork]
+
+
+def test_anchor_is_the_last_hash_of_the_prefix():
+    anchor = Anchor.of(["h1", "h2", "h3"], 2)
+    assert anchor == Anchor(2, "h2")
+    assert anchor.continued_by(["h1", "h2"]) and not anchor.continued_by(["h1"])
+    assert Anchor.of([], 3) is None and Anchor.of(["h1"], 0) is None
+
+
+def test_expired_is_lazy_and_skips_released_pins():
+    table = PinTable()
+    a = pin("a", expires=5)
+    table.add(a)
     table.add(pin("b", expires=7))
-    table.add(pin("a", expires=50))  # replaces the first "a"
+    table.remove(a)
+    a2 = pin("a", expires=50)
+    table.add(a2)
     assert table.expired(4) == []
     assert [p.session_id for p in table.expired(8)] == ["b"]
     assert table.get("b") is not None  # reported, not removed
-    table.pop("b")
-    assert [p.session_id for p in table.expired(60)] == ["a"]
+    table.remove(table.get("b"))
+    assert table.expired(60) == [a2]
 
 
 def test_release_order_latest_program_first():
@@ -128,6 +171,45 @@ def test_release_order_latest_program_first():
     for session, arrival in [("a", 1), ("b", 3), ("c", 2)]:
         table.add(pin(session, arrival=arrival))
     assert [p.session_id for p in table.release_order()] == ["b", "c", "a"]
+
+
+# ------------------------------------------------------------- pressure choice
+def test_pins_to_release_takes_the_fewest_that_cover_the_shortfall():
+    later, mid, early = pin("c", ids=[1, 2, 3]), pin("b", ids=[4, 5]), pin("a", ids=[6])
+    refs = lambda b: 1  # noqa: E731  (held by the pin alone)
+    assert pins_to_release([later, mid, early], 2, refs) == [later]
+    assert pins_to_release([later, mid, early], 4, refs) == [later, mid]
+    assert pins_to_release([later, mid, early], 7, refs) == []  # not enough: none
+    assert pins_to_release([later, mid, early], None, refs) == [later, mid, early]
+
+
+def test_shared_blocks_are_freed_only_with_their_last_pin():
+    a, b = pin("a", ids=[1, 2]), pin("b", ids=[1, 2, 3])
+    refs = {1: 2, 2: 2, 3: 1}.get
+    assert blocks_freed([a], refs) == 0 and blocks_freed([a, b], refs) == 3
+    assert pins_to_release([a, b], 2, refs) == [a, b]
+    assert pins_to_release([a, b], 1, refs) == [b]  # a pruned: b alone frees block 3
+    # A block a running request also holds (one more reference) frees nothing;
+    # neither does one in the requester's own prefix hit.
+    assert blocks_freed([b], {1: 2, 2: 2, 3: 2}.get) == 0
+    assert blocks_freed([a, b], refs, keep={3}) == 2
+
+
+@pytest.mark.parametrize(
+    "policy, running_request, anything_running, preempted, overdue, expected",
+    [
+        ("hold", False, True, False, False, False),  # hold: waiting work waits
+        ("hold", False, False, False, False, True),  # the deadlock guard
+        ("hold", True, True, False, False, True),  # never preempt for a pin
+        ("hold", False, True, True, False, True),  # a preempted head already lost its KV
+        ("hold", False, True, False, True, True),  # the waiting bound
+        ("yield", False, True, False, False, True),
+    ],
+)
+def test_may_release_pins(policy, running_request, anything_running, preempted, overdue, expected):
+    assert may_release_pins(
+        policy, running_request, anything_running, preempted=preempted, overdue=overdue
+    ) is expected
 
 
 # -------------------------------------------------------------- lane queue
@@ -223,30 +305,43 @@ def test_length_is_counted_through_every_operation():
 # ------------------------------------------------------- sessions and tools
 def test_session_registry_is_bounded_and_keeps_first_arrival():
     reg = SessionRegistry(max_sessions=2)
-    reg.observe_arrival("a", 5, now=0)
-    reg.observe_arrival("a", 9, now=1)
+    reg.observe_arrival("a", 5, now=0, hashes=["h1"])
+    reg.observe_turn_end("a", now=0.5, tool="t", anchor=Anchor(1, "h1"))
+    reg.observe_arrival("a", 9, now=1, hashes=["h1", "h2"])
     assert reg.first_arrival("a", default=0) == 5
-    reg.observe_arrival("b", 6, now=2)
-    reg.observe_arrival("c", 7, now=3)
+    reg.observe_arrival("b", 6, now=2, hashes=[])
+    reg.observe_arrival("c", 7, now=3, hashes=[])
     assert "a" not in reg and len(reg) == 2
 
 
 def test_tool_duration_is_next_arrival_minus_turn_end():
     reg = SessionRegistry(max_sessions=10)
-    reg.observe_arrival("a", 0, now=10.0)
-    reg.observe_turn_end("a", now=11.0, tool="search")
-    state, measured = reg.observe_arrival("a", 0, now=13.5)
-    assert measured == ("search", 2.5) and state.turns == 1
-    assert reg.observe_arrival("a", 0, now=14)[1] is None  # measured once
-    reg.observe_turn_end("a", now=15.0, tool=None)  # a turn without a tool call
-    assert reg.observe_arrival("a", 0, now=16)[1] is None
+    reg.observe_arrival("a", 0, now=10.0, hashes=["h1"])
+    reg.observe_turn_end("a", now=11.0, tool="search", anchor=Anchor(1, "h1"))
+    arrival = reg.observe_arrival("a", 0, now=13.5, hashes=["h1", "h2"])
+    assert arrival.measured == ("search", 2.5) and arrival.state.turns == 1 and arrival.continues
+    assert reg.observe_arrival("a", 0, now=14, hashes=["h1"]).measured is None  # measured once
+    reg.observe_turn_end("a", now=15.0, tool=None, anchor=Anchor(1, "h1"))  # no tool call
+    assert reg.observe_arrival("a", 0, now=16, hashes=["h1"]).measured is None
+
+
+def test_a_request_that_only_carries_the_session_id_does_not_speak_for_it():
+    """Another prefix: no duration learned, no inherited place in the queue."""
+    reg = SessionRegistry(max_sessions=10)
+    reg.observe_arrival("a", 1.0, now=1.0, hashes=["h1"])
+    reg.observe_turn_end("a", now=2.0, tool="search", anchor=Anchor(1, "h1"))
+    stranger = reg.observe_arrival("a", 50.0, now=3.0, hashes=["x1", "x2"])
+    assert not stranger.continues and not stranger.first_turn and stranger.measured is None
+    agent = reg.observe_arrival("a", 60.0, now=4.0, hashes=["h1", "h2"])
+    assert agent.continues and agent.measured == ("search", 2.0)
+    assert reg.first_arrival("a", default=0) == 1.0
 
 
 def test_programs_end_by_hint_or_idleness():
     reg = SessionRegistry(max_sessions=10)
     for session, now in [("a", 0.0), ("b", 5.0)]:
-        reg.observe_arrival(session, now, now=now)
-        reg.observe_turn_end(session, now=now + 1, tool="t")
+        reg.observe_arrival(session, now, now=now, hashes=[])
+        reg.observe_turn_end(session, now=now + 1, tool="t", anchor=None)
     assert reg.pop_idle(now=8.0, horizon_s=5) == [("a", 1)]
     assert reg.end_program("b") == 1 and len(reg) == 0
 
@@ -262,3 +357,12 @@ def test_programs_end_by_hint_or_idleness():
 )
 def test_tool_name_from_text(text, name):
     assert tool_name_from_text(text) == name
+
+
+def test_a_prompt_anchors_all_but_its_last_full_block():
+    """The next turn's tokenizer may re-cut the previous prompt's last tokens
+    where the new text joins: that block is not required."""
+    hashes = ["h1", "h2", "h3", "h4"]
+    assert Anchor.of_prompt(hashes, 3) == Anchor(2, "h2")
+    assert Anchor.of_prompt(hashes, 1) == Anchor(1, "h1")
+    assert Anchor.of_prompt(hashes, 0) is None

@@ -89,11 +89,33 @@ def test_ttl_sources_and_cap(build, monkeypatch):
     assert s.pins.get("S2").ttl_s == pytest.approx(5.0)
 
 
-def test_new_pin_of_a_session_replaces_the_old(build):
+def test_parallel_branches_of_a_session_keep_separate_pins(build):
     d = build()
     s = d.scheduler
     a = make_request(tokens(0, 64), session="A", max_tokens=32)
     b = make_request(tokens(500, 64), session="A", max_tokens=32)
+    d.add(a, tool_call_script(d))
+    d.add(b, [FILLER_TOKEN] * 3 + tool_call_script(d))
+    d.run_until_finished(a, b)
+    assert {p.request_id for p in s.pins.of_session("A")} == {a.request_id, b.request_id}
+    assert s.continuum_stats.releases_by_reason == {}
+    # Each branch's next turn takes over its own pin, and only it.
+    t2 = next_turn(a)
+    d.add(t2, answer_script())
+    admitted_hit(d, t2)
+    assert [p.request_id for p in s.pins.of_session("A")] == [b.request_id]
+    drain(d)
+    assert_all_free(d)
+
+
+def test_a_newer_pin_holding_all_of_an_older_ones_blocks_replaces_it(build):
+    """n > 1 samples of one prompt: when both end in a tool call before a block
+    of output fills, the second pin holds every block of the first."""
+    d = build()
+    s = d.scheduler
+    prompt = tokens(0, 64)
+    a = make_request(prompt, session="A", max_tokens=32)
+    b = make_request(prompt, session="A", max_tokens=32)
     d.add(a, tool_call_script(d))
     d.add(b, [FILLER_TOKEN] * 3 + tool_call_script(d))
     d.run_until_finished(a, b)
@@ -187,7 +209,9 @@ def test_expiry_also_runs_at_add_request(build):
     assert s.continuum_stats.releases_by_reason == {"expired": 1}
 
 
-def test_expiry_waits_for_a_queued_next_turn(build):
+def test_ttl_is_a_hard_bound_with_one_step_of_grace_for_a_queued_turn(build):
+    """An expired pin whose next turn is queued is kept through one more
+    scheduling step (the turn may be admitted in it), never longer."""
     d = build(max_num_seqs=1)
     s = d.scheduler
     t1 = first_turn(d, "A")
@@ -197,8 +221,20 @@ def test_expiry_waits_for_a_queued_next_turn(build):
     t2 = next_turn(t1)
     d.add(t2, answer_script())
     s.clock.advance(60)
+    d.step()  # busy holds the only slot: t2 waits through its grace step
+    assert s.pins.get("A") is not None, "no grace step for a queued next turn"
     d.step()
-    assert s.pins.get("A") is not None, "expired although its next turn was queued"
+    assert s.pins.get("A") is None, "kept past its TTL beyond the grace step"
+    assert s.continuum_stats.releases_by_reason == {"expired": 1}
+
+
+def test_grace_step_hands_the_pin_over_when_the_turn_is_admitted(build):
+    d = build()
+    s = d.scheduler
+    t1 = first_turn(d, "A")
+    t2 = next_turn(t1)
+    d.add(t2, answer_script())
+    s.clock.advance(60)
     hit = admitted_hit(d, t2)
     assert hit >= (t1.num_prompt_tokens // BLOCK_SIZE) * BLOCK_SIZE
     assert s.continuum_stats.releases_by_reason == {"resumed": 1}

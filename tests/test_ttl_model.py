@@ -11,7 +11,6 @@ import pytest
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.policy.durations import DurationHistory
 from vllm_continuum.policy.prefill_profile import PrefillProfile
-from vllm_continuum.policy.pressure import may_release_pins
 from vllm_continuum.policy.ttl import (
     ContinuumTTLPolicy,
     TurnEnd,
@@ -206,15 +205,27 @@ def test_profile_needs_three_lengths_and_valid_files(tmp_path):
         PrefillProfile.load(bad)
 
 
-# ---------------------------------------------------------------- pressure
-@pytest.mark.parametrize(
-    "policy_name, running_request, anything_running, expected",
-    [
-        ("yield", False, True, True),
-        ("hold", False, True, False),  # hold: wait for running work
-        ("hold", False, False, True),  # deadlock guard
-        ("hold", True, True, True),  # never preempt for a pin
-    ],
-)
-def test_pressure_policies(policy_name, running_request, anything_running, expected):
-    assert may_release_pins(policy_name, running_request, anything_running) is expected
+# ------------------------------------------------------ model-input edge cases
+def test_a_decreasing_profile_fit_is_held_at_its_running_maximum():
+    """A noisy fit with c2 < 0 would give the longest contexts a reload cost
+    of 0 (and so a TTL of 0 exactly where a pin saves most)."""
+    concave = PrefillProfile(0.01, 1e-3, -1e-7)  # peaks at 5,000 tokens, 0 near 10,100
+    peak = concave.seconds(5_000)
+    assert concave.seconds(9_000) == pytest.approx(peak)
+    assert concave.seconds(50_000) == pytest.approx(peak)
+    assert concave.seconds(2_000) < peak  # unchanged below the peak
+    assert concave.clamp_note(4_000) is None and "decreases" in concave.clamp_note(8_192)
+    assert PrefillProfile(0.5, -1e-4, 0.0).seconds(1_000) == pytest.approx(0.5)
+    assert PrefillProfile().clamp_note(1_000_000) is None
+
+
+def test_a_profile_with_non_finite_coefficients_is_refused(tmp_path):
+    bad = tmp_path / "nan.yaml"
+    bad.write_text("c0: .nan\nc1: 1e-4\nc2: 0\n")
+    with pytest.raises(ValueError, match="finite"):
+        PrefillProfile.load(bad)
+
+
+def test_an_infinite_benefit_waits_for_the_slowest_return():
+    assert optimal_ttl([0.5, 1.0, 7.0], math.inf) == 7.0
+    assert optimal_ttl([0.5, 1.0, 7.0], math.nan) == 0.0

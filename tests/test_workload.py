@@ -46,7 +46,7 @@ def test_every_shipped_workload_loads():
     assert {"swebench", "bfcl", "cpu-agent"} <= set(names)
     for name in names:
         trace = load_spec(name).with_overrides(num_programs=5).generate()
-        assert len(trace) == 5
+        assert len(trace.agents) == 5
 
 
 def test_generation_is_seeded_and_prefix_stable():
@@ -67,6 +67,83 @@ def test_turn_structure():
         lengths = program.prompt_lengths
         assert lengths == sorted(lengths)  # the history only grows
         assert all(program.prompt_tokens(k) == n for k, n in enumerate(lengths))
+
+
+MIXED_SPECS = [("mixed", "swebench-final-context"), ("cpu-mixed", "cpu-agent")]
+
+
+@pytest.mark.parametrize("name, base", MIXED_SPECS)
+def test_mixed_spec_keeps_its_base_agents(name, base):
+    """A mixed spec's agents are its base spec's, drawn identically (only the id
+    prefix differs): the one-shot requests come from streams of their own."""
+    mixed, agents = load_spec(name), load_spec(base)
+    assert mixed.one_shot is not None and agents.one_shot is None
+    for seed in (0, 3):
+        a = mixed.with_overrides(num_programs=15, seed=seed).generate()
+        b = agents.with_overrides(num_programs=15, seed=seed, arrival_rate=mixed.arrival_rate).generate()
+        assert [(p.arrival_s, p.turns) for p in a.agents] == [(p.arrival_s, p.turns) for p in b]
+        assert a.one_shots and not b.one_shots
+
+
+@pytest.mark.parametrize("name", ["swebench", "bfcl", "cpu-agent", "swebench-final-context"])
+def test_one_shot_traffic_leaves_agent_traces_unchanged(name):
+    """Adding chat traffic to a spec changes none of its programs; a spec without
+    it writes exactly the lines it wrote before the one-shot field existed."""
+    spec = load_spec(name).with_overrides(num_programs=12, seed=2)
+    plain = spec.generate()
+    chat = spec.with_overrides(one_shot={"arrival_rate": 0.5, "prompt_tokens": {"mean": 100, "std": 50},
+                                         "output_tokens": {"mean": 20, "std": 5}}).generate()
+    assert [p.to_json() for p in chat.agents] == [p.to_json() for p in plain]
+    assert all("one_shot" not in p.to_json() for p in plain)
+    assert "one_shot_rate" not in plain.meta and "one_shot_requests" not in plain.summary()
+
+
+def test_mixed_spec_draws_one_shot_counts_rates_and_sizes():
+    """Over a long run the one-shot stream has the spec's rate and size
+    distributions, arrives only while agents arrive, and is one tool-less turn each."""
+    spec = load_spec("mixed").with_overrides(num_programs=300, seed=5)
+    trace = spec.generate()
+    agents, chat = trace.agents, trace.one_shots
+    window = agents[-1].arrival_s
+    assert len(agents) == 300
+    assert all(0 < p.arrival_s <= window for p in chat)
+    assert all(len(p.turns) == 1 and p.turns[0].tool is None for p in chat)
+    expected = spec.one_shot.arrival_rate * window  # Poisson: std = sqrt(expected)
+    assert abs(len(chat) - expected) < 4 * expected**0.5
+    s = trace.summary()
+    assert s["one_shot_requests"] == len(chat) == trace.meta["one_shot_requests"]
+    assert s["one_shot_rate"] == pytest.approx(spec.one_shot.arrival_rate, rel=0.1)
+    assert s["one_shot_prompt_mean"] == pytest.approx(spec.one_shot.prompt_tokens.mean, rel=0.1)
+    assert s["one_shot_prompt_std"] == pytest.approx(spec.one_shot.prompt_tokens.std, rel=0.25)
+    assert s["one_shot_output_mean"] == pytest.approx(spec.one_shot.output_tokens.mean, rel=0.1)
+    sizes = [p.turns[0].new_tokens for p in chat]
+    assert spec.one_shot.prompt_tokens.min <= min(sizes) and max(sizes) <= spec.one_shot.prompt_tokens.max
+    assert s["programs"] == 300 and s["arrival_rate"] == pytest.approx(spec.arrival_rate, rel=0.15)
+    assert len({p.id for p in trace}) == len(trace)
+
+
+def test_mixed_trace_round_trip_and_head(tmp_path):
+    """One-shot requests keep their flag through a file; cutting a saved trace to n
+    programs keeps the one-shot requests a spec generates for n programs."""
+    spec = load_spec("cpu-mixed").with_overrides(seed=4)
+    trace = spec.generate()
+    path = trace.save(tmp_path / "mixed.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert [line.get("one_shot", False) for line in lines] == [p.one_shot for p in trace]
+    back = Trace.load(path)
+    assert [p.to_json() for p in back] == [p.to_json() for p in trace]
+    short = spec.with_overrides(num_programs=5).generate()
+    assert [p.to_json() for p in load_trace(path, num_programs=5)] == [p.to_json() for p in short]
+    assert 0 < len(short.one_shots) < len(trace.one_shots)
+
+
+def test_one_shot_program_is_one_turn_without_tool():
+    assert Program("c", 1.0, (Turn(100, 10),), one_shot=True).one_shot
+    with pytest.raises(ValueError, match="one-shot"):
+        Program("c", 1.0, (Turn(100, 10, "grep", 0.5), Turn(10, 5)), one_shot=True)
+    with pytest.raises(ValueError, match="t.jsonl:1"):
+        Trace.parse(['{"id": "c", "arrival_s": 0, "one_shot": true, "turns": ['
+                     '{"new_tokens": 9, "output_tokens": 1, "tool": "ls", "tool_s": 1}]}'], source="t.jsonl")
 
 
 def test_trace_round_trip(tmp_path):

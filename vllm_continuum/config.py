@@ -56,6 +56,20 @@ class ContinuumConfig(BaseSettings):
         "latest-arriving session first, until it fits. Both release pins before any "
         "preemption.",
     )
+    queue_order: Literal["program_fcfs", "fcfs"] = Field(
+        "program_fcfs",
+        description="program_fcfs (the paper's): preempted requests, then the next turns "
+        "of pinned contexts, then by the program's first arrival, with the waiting bound "
+        "`max_queue_delay_s`. fcfs: vLLM's own queue and order (with ttl_policy: never, "
+        "exactly stock vLLM).",
+    )
+    max_queue_delay_s: float = Field(
+        2.0,
+        ge=0,
+        description="Waiting bound: once a request has waited this long, no request that "
+        "arrived after it is admitted before it, and pins give way to it under either "
+        "pressure policy.",
+    )
     max_pinned_fraction: float = Field(
         0.5, gt=0, le=1, description="Cap on pinned blocks as a fraction of the KV pool."
     )

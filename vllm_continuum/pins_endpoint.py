@@ -59,7 +59,7 @@ def live_pins(directory: str | None, now: float | None = None) -> dict:
                 continue  # expired while the engine slept (as the metrics judge it)
             pins.append({
                 "session_sha256": digest,
-                "blocks": int(blocks),
+                "blocks": round(float(blocks), 2),  # its share of blocks shared by pins
                 "expires_in_s": round(max(0.0, remaining), 3),
                 "ttl_s": round(float(ttl_s), 3),
                 "held": bool(held),

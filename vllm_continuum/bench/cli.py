@@ -100,7 +100,7 @@ def _fit_cost_model(args: argparse.Namespace) -> int:
 
 def _workload_args(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--workload", default=default,
-                   help="a spec name in configs/workloads/ (swebench, bfcl, cpu-agent), "
+                   help="a spec name in configs/workloads/ (swebench, bfcl, cpu-agent, mixed, cpu-mixed), "
                         "a spec YAML, or a trace .jsonl")
     p.add_argument("--programs", type=int, help="number of programs (default: the spec's)")
     p.add_argument("--rate", type=float, help="arrival rate, programs/s (default: the spec's)")

@@ -7,7 +7,9 @@ trace; each server is idle and freshly started when its replay begins. It
 first profiles the prefill time on the stock server (`vllm-continuum
 profile`'s measurement) and gives that profile to the continuum servers, as
 an operator would. Timings on a shared CPU are noisy: only ratios measured in
-one run are reported.
+one run are reported. With a mixed workload (`--workload cpu-mixed`), the
+one-shot requests' TTFT (p50, p99, and p99 over stock's) is reported beside
+the agents' figures.
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vllm_continuum.bench.replay import RunResult, replay
-from vllm_continuum.bench.report import markdown_table, plot_runs, summarize, write_runs
-from vllm_continuum.bench.trace import Trace
+from vllm_continuum.bench.report import markdown_table, plot_runs, ratio, summarize, write_runs
 from vllm_continuum.bench.workload import load_trace, trace_for_run
 from vllm_continuum.policy.pressure import pressure_variants
 
@@ -62,14 +63,25 @@ def _report(runs: Sequence[RunResult], out_dir: Path, baseline: str | None, extr
     plots = plot_runs(runs, out_dir / "plots", title=extra.get("workload", ""))
     (out_dir / "table.md").write_text(table + "\n")
     lines = [table, ""]
+    base = next((s for s in summaries if s["label"] == baseline), None)
     for s in summaries:
         lines.append(
             f"{s['label']}: {s['programs']} programs, {s['turns']} turns, {s['errors']} errors; "
             f"resumed turns found {s['reuse_of_prev_prompt']:.1%} of the previous prompt cached "
             f"({s['resumed_fully_reused']:.0%} of them all of it)"
         )
+        if s["one_shot_requests"]:
+            lines.append(f"{s['label']}: {one_shot_line(s, base)}")
     lines.append(f"results: {out_dir / 'results.json'}; plots: {', '.join(str(p) for p in plots)}")
     return "\n".join(lines)
+
+
+def one_shot_line(s: dict, base: dict | None) -> str:
+    """The one-shot traffic's TTFT beside the agents' turns', and its p99 against the baseline's."""
+    vs = ratio(s["one_shot_ttft_p99_s"], base["one_shot_ttft_p99_s"]) if base else ""
+    return (f"{s['one_shot_requests']} one-shot requests: TTFT p50 {s['one_shot_ttft_p50_s']:.3f} s, "
+            f"p99 {s['one_shot_ttft_p99_s']:.3f} s" + (f" ({vs} {base['label']}'s)" if vs else "")
+            + f"; agents' turns: TTFT p50 {s['ttft_p50_s']:.3f} s, p99 {s['ttft_p99_s']:.3f} s")
 
 
 def run_bench(
@@ -204,32 +216,33 @@ def merge_runs(runs: Sequence[RunResult], label: str) -> RunResult:
     merged = RunResult(label=label, started_at=runs[0].started_at,
                        duration_s=sum(r.duration_s for r in runs), meta={"rounds": len(runs)})
     for i, r in enumerate(runs, 1):
-        for p in r.programs:
-            merged.programs.append(type(p)(f"r{i}/{p.program}", p.arrival_s, p.end_s, p.turns))
-        for t in r.turns:
-            merged.turns.append(type(t)(**{**t.__dict__, "program": f"r{i}/{t.program}"}))
+        merged.programs += [replace(p, program=f"r{i}/{p.program}") for p in r.programs]
+        merged.turns += [replace(t, program=f"r{i}/{t.program}") for t in r.turns]
+        merged.one_shot += [replace(t, program=f"r{i}/{t.program}") for t in r.one_shot]
         merged.errors += r.errors
     return merged
 
 
 def round_table(rounds: Sequence[Sequence[RunResult]]) -> str:
-    lines = ["| round | order | run | mean JCT s | stock / mean JCT | reuse of prev prompt |",
-             "|---|---|---|---|---|---|"]
+    """Each round's ratios to stock (and, with one-shot traffic, its one-shot p99 TTFT's)."""
+    one_shot = any(r.one_shot for rnd in rounds for r in rnd)
+    head = ["round", "order", "run", "mean JCT s", "stock / mean JCT", "reuse of prev prompt"]
+    head += ["one-shot p99 TTFT / stock's"] if one_shot else []
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, rnd in enumerate(rounds, 1):
         sums = [summarize(r) for r in rnd]
         base = next((s for s in sums if s["label"] == "stock"), None)
         order = " then ".join(r.label for r in rnd)
         for s in sums:
-            ratio = f"{base['jct_mean_s'] / s['jct_mean_s']:.2f}x" if base else ""
-            lines.append(f"| {i} | {order} | {s['label']} | {s['jct_mean_s']:.2f} | {ratio} | "
-                         f"{s['reuse_of_prev_prompt']:.1%} |")
+            cells = [str(i), order, s["label"], f"{s['jct_mean_s']:.2f}",
+                     ratio(base["jct_mean_s"], s["jct_mean_s"]) if base else "",
+                     f"{s['reuse_of_prev_prompt']:.1%}"]
+            if one_shot:
+                cells += [ratio(s["one_shot_ttft_p99_s"], base["one_shot_ttft_p99_s"]) if base else ""]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def load_results(path: Path) -> tuple[list[RunResult], dict]:
     data = json.loads(Path(path).read_text())
     return [RunResult.from_json(r) for r in data["runs"]], data
-
-
-def _trace_or_spec(value: str) -> Trace:
-    return load_trace(value)

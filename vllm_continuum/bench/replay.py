@@ -9,10 +9,16 @@ durations in between. Output lengths are fixed with `max_tokens` and
 continuum hints (`continuum_tool` on a turn that calls a tool,
 `continuum_last_turn` on the last); stock vLLM ignores them.
 
+A one-shot request (chat traffic, trace.py) is sent at its arrival like a
+program's only turn, but without a `session_id` or hints: to the server it
+is any other user's request.
+
 Recorded per turn: send time, time to first token (streamed), end time,
 prompt and cached tokens (`usage.prompt_tokens_details.cached_tokens`; the
 server needs `--enable-prompt-tokens-details`), output tokens. Per program:
-job completion time (JCT) = end of its last turn - its arrival time.
+job completion time (JCT) = end of its last turn - its arrival time. One-shot
+requests are recorded apart (`RunResult.one_shot`), so that the agents'
+figures are the agents' only.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 from tqdm import tqdm
 
-from vllm_continuum.bench.trace import Program, Trace
+from vllm_continuum.bench.trace import Program, Trace, Turn
 
 TOKEN_RANGE = (300, 2000)  # ordinary tokens of the project's tokenizers: no special ones
 
@@ -66,6 +72,7 @@ class RunResult:
     turns: list[TurnRecord] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    one_shot: list[TurnRecord] = field(default_factory=list)  # requests without a session
 
     def to_json(self) -> dict:
         return {
@@ -76,6 +83,7 @@ class RunResult:
             "errors": self.errors,
             "programs": [{**asdict(p), "jct_s": p.jct_s} for p in self.programs],
             "turns": [asdict(t) for t in self.turns],
+            "one_shot": [asdict(t) for t in self.one_shot],
         }
 
     @classmethod
@@ -91,7 +99,17 @@ class RunResult:
                 for p in data["programs"]
             ],
             turns=[TurnRecord(**t) for t in data["turns"]],
+            one_shot=[TurnRecord(**t) for t in data.get("one_shot", [])],
         )
+
+    def record(self, turn: TurnRecord, one_shot: bool) -> None:
+        (self.one_shot if one_shot else self.turns).append(turn)
+
+    def sort(self) -> None:
+        """Programs by arrival, turns by program and turn, one-shot requests by send time."""
+        self.programs.sort(key=lambda p: p.arrival_s)
+        self.turns.sort(key=lambda t: (t.program, t.turn))
+        self.one_shot.sort(key=lambda t: t.sent_s)
 
 
 def new_tokens(program: Program, turn: int, n: int, seed: int) -> list[int]:
@@ -155,7 +173,6 @@ async def _run_program(
     session = f"{session_prefix}{program.id}"
     for k, turn in enumerate(program.turns):
         history += new_tokens(program, k, turn.new_tokens, seed)
-        xargs: dict = {"continuum_tool": turn.tool} if turn.tool else {"continuum_last_turn": 1}
         body = {
             "model": model,
             "prompt": history,
@@ -166,13 +183,12 @@ async def _run_program(
             "stream": True,
             "stream_options": {"include_usage": True},
             "return_token_ids": True,
-            "session_id": session,
-            "vllm_xargs": xargs,
+            **({} if program.one_shot else session_fields(session, turn)),
         }
         sent_s = time.perf_counter() - started
         ttft, end_s, ids, usage = await _send_turn(client, body, started)
         details = usage.get("prompt_tokens_details") or {}
-        result.turns.append(
+        result.record(
             TurnRecord(
                 program=program.id,
                 turn=k,
@@ -184,14 +200,27 @@ async def _run_program(
                 cached_tokens=int(details.get("cached_tokens") or 0),
                 output_tokens=int(usage.get("completion_tokens", len(ids))),
                 prev_prompt_tokens=prev_prompt,
-            )
+            ),
+            program.one_shot,
         )
         bar.update()
         prev_prompt = len(history)
         history += ids
         if turn.tool:
             await asyncio.sleep(turn.tool_s * time_scale)
-    result.programs.append(ProgramRecord(program.id, arrival, end_s, len(program.turns)))
+    if not program.one_shot:
+        result.programs.append(ProgramRecord(program.id, arrival, end_s, len(program.turns)))
+
+
+def continuum_hints(turn: Turn) -> dict:
+    """An agent turn's hints: the tool it calls, or that it ends the program."""
+    return {"continuum_tool": turn.tool} if turn.tool else {"continuum_last_turn": 1}
+
+
+def session_fields(session: str, turn: Turn) -> dict:
+    """What an agent's request carries and a one-shot request does not: its
+    session and the continuum hints (stock vLLM ignores them)."""
+    return {"session_id": session, "vllm_xargs": continuum_hints(turn)}
 
 
 async def replay_async(
@@ -230,8 +259,7 @@ async def replay_async(
                     result.errors.append(f"{program.id}: {type(exc).__name__}: {exc}")
             result.duration_s = time.perf_counter() - started
     result.meta.update({"base_url": base_url, "model": model, "time_scale": time_scale, "seed": seed})
-    result.programs.sort(key=lambda p: p.arrival_s)
-    result.turns.sort(key=lambda t: (t.program, t.turn))
+    result.sort()
     return result
 
 

@@ -2,11 +2,18 @@
 
 Every figure is computed from the records of a run (replay.py's RunResult,
 which the simulator fills the same way); nothing here is hard-coded.
+
+The agents' figures (JCT, TTFT, reuse, throughput) are computed over the
+agents' programs only; one-shot requests (chat traffic without a session)
+get figures of their own, TTFT and latency at p50 and p99, and tables show
+them, with their ratio to the baseline's, only when a run has any: "does
+pinning make everyone else wait?" is their question.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,7 +53,9 @@ def summarize(run: RunResult) -> dict:
         "jct_p95_s": _pct(jct, 95),
         "jct_p99_s": _pct(jct, 99),
         "ttft_mean_s": _mean([t.ttft_s for t in turns]),
+        "ttft_p50_s": _pct([t.ttft_s for t in turns], 50),
         "ttft_p95_s": _pct([t.ttft_s for t in turns], 95),
+        "ttft_p99_s": _pct([t.ttft_s for t in turns], 99),
         "ttft_resumed_mean_s": _mean([t.ttft_s for t in resumed]),
         # Of the previous turn's prompt, how much the resumed turn found cached.
         "reuse_of_prev_prompt": kept / prev if prev else float("nan"),
@@ -60,6 +69,20 @@ def summarize(run: RunResult) -> dict:
         "makespan_s": makespan,
         "throughput_programs_per_min": 60 * len(run.programs) / makespan,
         "throughput_tokens_per_s": (prompt + output) / makespan,
+        **one_shot_summary(run),
+    }
+
+
+def one_shot_summary(run: RunResult) -> dict:
+    """The one-shot requests' count and their TTFT and latency percentiles (NaN without any)."""
+    ttft = [t.ttft_s for t in run.one_shot]
+    latency = [t.latency_s for t in run.one_shot]
+    return {
+        "one_shot_requests": len(run.one_shot),
+        "one_shot_ttft_p50_s": _pct(ttft, 50),
+        "one_shot_ttft_p99_s": _pct(ttft, 99),
+        "one_shot_latency_p50_s": _pct(latency, 50),
+        "one_shot_latency_p99_s": _pct(latency, 99),
     }
 
 
@@ -77,21 +100,49 @@ COLUMNS = [
 ]
 
 
+# Shown when a run has one-shot requests.
+ONE_SHOT_COLUMNS = [
+    ("one_shot_requests", "one-shot reqs", "{}"),
+    ("one_shot_ttft_p50_s", "one-shot p50 TTFT s", "{:.3f}"),
+    ("one_shot_ttft_p99_s", "one-shot p99 TTFT s", "{:.3f}"),
+    ("one_shot_latency_p50_s", "one-shot p50 latency s", "{:.2f}"),
+    ("one_shot_latency_p99_s", "one-shot p99 latency s", "{:.2f}"),
+]
+
+
+def has_one_shot(summaries: Sequence[dict]) -> bool:
+    return any(s.get("one_shot_requests") for s in summaries)
+
+
+def ratio(num: float, den: float) -> str:
+    """`1.23x`; a blank where either side is missing (a run without the traffic)."""
+    return f"{num / den:.2f}x" if den and math.isfinite(num) and math.isfinite(den) else ""
+
+
 def markdown_table(summaries: Sequence[dict], baseline: str | None = None, columns=COLUMNS) -> str:
-    """One row per run; with a baseline, ratios: baseline mean JCT / run's, run's throughput / baseline's."""
+    """One row per run; with a baseline, ratios: baseline mean JCT / run's, run's
+    throughput / baseline's and, with one-shot traffic, run's one-shot p99 TTFT and
+    latency / baseline's (above 1x: the run made the one-shot requests wait longer)."""
     base = next((s for s in summaries if s["label"] == baseline), None)
+    one_shot = has_one_shot(summaries)
+    columns = [*columns, *ONE_SHOT_COLUMNS] if one_shot else columns
     head = [title for _, title, _ in columns]
     if base is not None:
         head += [f"{baseline} JCT / JCT", "p95 ratio", "throughput ratio"]
+        if one_shot:
+            head += [f"one-shot p99 TTFT / {baseline}'s", f"one-shot p99 latency / {baseline}'s"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
         cells = [fmt.format(s[key]) if s.get(key) is not None else "" for key, _, fmt in columns]
         if base is not None:
             cells += [
-                f"{base['jct_mean_s'] / s['jct_mean_s']:.2f}x",
-                f"{base['jct_p95_s'] / s['jct_p95_s']:.2f}x",
-                f"{s['throughput_programs_per_min'] / base['throughput_programs_per_min']:.2f}x",
+                ratio(base["jct_mean_s"], s["jct_mean_s"]),
+                ratio(base["jct_p95_s"], s["jct_p95_s"]),
+                ratio(s["throughput_programs_per_min"], base["throughput_programs_per_min"]),
             ]
+            if one_shot:
+                cells += [ratio(s["one_shot_ttft_p99_s"], base["one_shot_ttft_p99_s"]),
+                          ratio(s["one_shot_latency_p99_s"], base["one_shot_latency_p99_s"])]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -115,13 +166,21 @@ def plot_runs(runs: Sequence[RunResult], out_dir: Path, title: str = "") -> list
 
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for run in runs:
-        jct = np.sort([p.jct_s for p in run.programs])
-        if len(jct):
-            ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post", label=run.label)
-    _label(ax, "job completion time (s)", "fraction of programs", f"JCT CDF {title}")
-    paths = [save_figure(fig, out_dir / "jct_cdf.png")]
+    def cdf_plot(values, xlabel: str, ylabel: str, name: str, heading: str) -> Path:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for run in runs:
+            xs = np.sort(values(run))
+            if len(xs):
+                ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=run.label)
+        _label(ax, xlabel, ylabel, f"{heading} {title}")
+        return save_figure(fig, out_dir / name)
+
+    paths = [cdf_plot(lambda run: [p.jct_s for p in run.programs], "job completion time (s)",
+                      "fraction of programs", "jct_cdf.png", "JCT CDF")]
+    if any(run.one_shot for run in runs):
+        paths.append(cdf_plot(lambda run: [t.ttft_s for t in run.one_shot], "time to first token (s)",
+                              "fraction of one-shot requests", "one_shot_ttft_cdf.png",
+                              "One-shot TTFT CDF"))
 
     def by_turn_plot(key, ylabel: str, name: str, heading: str, ylim=None) -> Path:
         fig, ax = plt.subplots(figsize=(6, 4))

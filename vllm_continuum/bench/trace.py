@@ -25,6 +25,17 @@ Format `vllm-continuum-trace/1`::
   pause between the end of this turn and the arrival of the next. The last
   turn of a program calls no tool (`null`, 0).
 
+A one-shot request (chat traffic beside the agents) is a program of one
+turn that calls no tool, flagged `"one_shot": true`::
+
+    {"id": "c0007", "arrival_s": 3.2, "one_shot": true, "turns": [
+        {"new_tokens": 900, "output_tokens": 210, "tool": null, "tool_s": 0.0}]}
+
+It is sent without a session id or continuum hints (nothing to pin, no
+program to order it with), and reported apart from the agents: a program's
+figures (JCT, reuse) are the agents' only. Programs without the flag are
+written without the key, so agent-only traces are unchanged.
+
 A header line (any line with a `format` key) is optional; its other keys
 are kept as metadata. Unknown keys in program lines are ignored.
 """
@@ -60,6 +71,11 @@ class Program:
     id: str
     arrival_s: float
     turns: tuple[Turn, ...]
+    one_shot: bool = False  # a request without a session (see the module docstring)
+
+    def __post_init__(self) -> None:
+        if self.one_shot and (len(self.turns) != 1 or self.turns[0].tool is not None):
+            raise ValueError(f"{self.id}: a one-shot request is one turn that calls no tool")
 
     def prompt_tokens(self, k: int) -> int:
         """Prompt length of turn k (0-based): the whole history, then its new tokens."""
@@ -90,9 +106,11 @@ class Program:
         return [t.tool_s for t in self.turns if t.tool is not None]
 
     def to_json(self) -> dict:
+        flag = {"one_shot": True} if self.one_shot else {}
         return {
             "id": self.id,
             "arrival_s": round(self.arrival_s, 6),
+            **flag,
             "turns": [t.to_json() for t in self.turns],
         }
 
@@ -107,6 +125,22 @@ class Trace:
 
     def __iter__(self) -> Iterator[Program]:
         return iter(self.programs)
+
+    @property
+    def agents(self) -> list[Program]:
+        return [p for p in self.programs if not p.one_shot]
+
+    @property
+    def one_shots(self) -> list[Program]:
+        return [p for p in self.programs if p.one_shot]
+
+    def head(self, n: int) -> Trace:
+        """The first n agent programs and the one-shot requests that arrive while
+        they do: what a spec generates for n programs (workload.py)."""
+        agents = {p.id for p in self.agents[:n]}
+        until = max((p.arrival_s for p in self.programs if p.id in agents), default=0.0)
+        kept = [p for p in self.programs if p.id in agents or (p.one_shot and p.arrival_s <= until)]
+        return Trace(kept, dict(self.meta))
 
     def save(self, path: Path | str) -> Path:
         path = Path(path)
@@ -142,17 +176,18 @@ class Trace:
         return cls(programs, meta)
 
     def summary(self) -> dict:
-        """Per-program statistics, as Table 2 of the paper reports them."""
+        """Per-program statistics of the agents, as Table 2 of the paper reports
+        them, and (when the trace has any) of the one-shot requests."""
         import numpy as np
 
-        turns = np.array([len(p.turns) for p in self.programs], dtype=float)
-        tokens = np.array([p.total_prompt_tokens for p in self.programs], dtype=float)
-        final = np.array([p.final_context_tokens for p in self.programs], dtype=float)
-        tools = np.array([d for p in self.programs for d in p.tool_durations], dtype=float)
-        outputs = np.array([t.output_tokens for p in self.programs for t in p.turns], dtype=float)
-        span = self.programs[-1].arrival_s - self.programs[0].arrival_s if self.programs else 0.0
+        agents = self.agents
+        turns = np.array([len(p.turns) for p in agents], dtype=float)
+        tokens = np.array([p.total_prompt_tokens for p in agents], dtype=float)
+        final = np.array([p.final_context_tokens for p in agents], dtype=float)
+        tools = np.array([d for p in agents for d in p.tool_durations], dtype=float)
+        outputs = np.array([t.output_tokens for p in agents for t in p.turns], dtype=float)
         return {
-            "programs": len(self.programs),
+            "programs": len(agents),
             "turns_mean": float(turns.mean()) if turns.size else 0.0,
             "turns_std": float(turns.std()) if turns.size else 0.0,
             "tool_s_mean": float(tools.mean()) if tools.size else 0.0,
@@ -164,8 +199,33 @@ class Trace:
             "final_context_mean": float(final.mean()) if final.size else 0.0,
             "final_context_max": int(final.max()) if final.size else 0,
             "output_tokens_mean": float(outputs.mean()) if outputs.size else 0.0,
-            "arrival_rate": (len(self.programs) - 1) / span if span > 0 else 0.0,
+            "arrival_rate": _rate(agents),
+            **_one_shot_summary(self.one_shots),
         }
+
+
+def _rate(programs: list[Program]) -> float:
+    """Arrivals per second between the first arrival and the last."""
+    span = programs[-1].arrival_s - programs[0].arrival_s if programs else 0.0
+    return (len(programs) - 1) / span if span > 0 else 0.0
+
+
+def _one_shot_summary(requests: list[Program]) -> dict:
+    """Nothing for an agent-only trace, so that its summary is as it was."""
+    if not requests:
+        return {}
+    import numpy as np
+
+    prompts = np.array([p.turns[0].new_tokens for p in requests], dtype=float)
+    outputs = np.array([p.turns[0].output_tokens for p in requests], dtype=float)
+    return {
+        "one_shot_requests": len(requests),
+        "one_shot_rate": _rate(requests),
+        "one_shot_prompt_mean": float(prompts.mean()),
+        "one_shot_prompt_std": float(prompts.std()),
+        "one_shot_output_mean": float(outputs.mean()),
+        "one_shot_output_std": float(outputs.std()),
+    }
 
 
 def program_from_json(data: dict) -> Program:
@@ -183,4 +243,5 @@ def program_from_json(data: dict) -> Program:
         turns.append(turn)
     if not turns:
         raise ValueError("a program needs at least one turn")
-    return Program(id=str(data["id"]), arrival_s=float(data["arrival_s"]), turns=tuple(turns))
+    return Program(id=str(data["id"]), arrival_s=float(data["arrival_s"]), turns=tuple(turns),
+                   one_shot=bool(data.get("one_shot", False)))

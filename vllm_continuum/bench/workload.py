@@ -19,6 +19,15 @@ figure as the last turn's context instead (a sensitivity check).
 Program arrivals are a Poisson process at `arrival_rate` programs/s. Each
 program is drawn from its own random stream (seed, program index), so a
 longer run extends a shorter one, and the arrival times from another.
+
+**One-shot requests** (`one_shot:`, optional): chat traffic without a
+session beside the agents, each a single turn (trace.py), arriving as a
+Poisson process of their own at `one_shot.arrival_rate` requests/s from the
+run's start until the last agent program arrives, with prompt and output
+sizes from their own distributions. Their arrivals and sizes come from
+streams of their own, so adding them to a spec leaves its agents exactly as
+they were. `base: NAME` takes every field of another spec not given here:
+a mixed spec is an agent spec plus its chat traffic.
 """
 
 from __future__ import annotations
@@ -75,6 +84,16 @@ class TurnsDist(BaseModel):
     max: int = 1000
 
 
+class OneShotSpec(BaseModel):
+    """Requests without a session beside the agents (chat traffic), one turn each."""
+
+    model_config = ConfigDict(extra="forbid")
+    arrival_rate: float = Field(gt=0, description="requests per second (Poisson)")
+    prompt_tokens: Dist
+    output_tokens: Dist
+    note: str = ""
+
+
 class WorkloadSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -94,6 +113,7 @@ class WorkloadSpec(BaseModel):
     min_tool_result_tokens: int = Field(8, ge=0)
     max_context_tokens: int | None = Field(None, ge=64)
     tools: list[Tool] = Field(min_length=1)
+    one_shot: OneShotSpec | None = None
     # Table 2 of the paper, for the statistics test (not used to generate).
     paper: dict[str, float] = Field(default_factory=dict)
 
@@ -126,8 +146,15 @@ class WorkloadSpec(BaseModel):
 
 def load_spec(name_or_path: str | Path) -> WorkloadSpec:
     """A spec by path, or by name from configs/workloads/ (`swebench` -> swebench.yaml)."""
+    return WorkloadSpec.model_validate(_spec_data(name_or_path))
+
+
+def _spec_data(name_or_path: str | Path) -> dict:
+    """A spec's fields, those of its `base` spec filled in."""
     path = named_yaml(name_or_path, WORKLOAD_DIR, "workload")
-    return WorkloadSpec.model_validate(yaml.safe_load(path.read_text()))
+    data = yaml.safe_load(path.read_text())
+    base = data.pop("base", None)
+    return {**_spec_data(base), **data} if base else data
 
 
 def load_trace(workload: str | Path, **overrides) -> Trace:
@@ -137,9 +164,7 @@ def load_trace(workload: str | Path, **overrides) -> Trace:
     if path.suffix == ".jsonl" and path.is_file():
         trace = Trace.load(path)
         n = overrides.get("num_programs")
-        if n is not None:
-            trace.programs = trace.programs[:n]
-        return trace
+        return trace if n is None else trace.head(n)
     return load_spec(workload).with_overrides(**overrides).generate()
 
 
@@ -194,6 +219,24 @@ def _program(spec: WorkloadSpec, index: int, arrival_s: float) -> Program:
     return Program(id=f"{spec.name}-{spec.seed}-{index:05d}", arrival_s=arrival_s, turns=tuple(turns))
 
 
+def _one_shot_arrivals(spec: WorkloadSpec, until: float) -> list[float]:
+    """Poisson arrivals in (0, until], drawn one by one from their own stream so
+    that a longer window extends a shorter one."""
+    rng = np.random.default_rng([spec.seed, 2])
+    arrivals, t = [], 0.0
+    while (t := t + float(rng.exponential(1.0 / spec.one_shot.arrival_rate))) <= until:
+        arrivals.append(t)
+    return arrivals
+
+
+def _one_shot(spec: WorkloadSpec, index: int, arrival_s: float) -> Program:
+    rng = np.random.default_rng([spec.seed, 3, index])
+    prompt = max(1, round(float(spec.one_shot.prompt_tokens.sample(rng))))
+    output = max(1, round(float(spec.one_shot.output_tokens.sample(rng))))
+    return Program(id=f"{spec.name}-{spec.seed}-chat-{index:05d}", arrival_s=arrival_s,
+                   turns=(Turn(prompt, output),), one_shot=True)
+
+
 def generate(spec: WorkloadSpec) -> Trace:
     arrivals_rng = np.random.default_rng([spec.seed, 0])
     gaps = arrivals_rng.exponential(1.0 / spec.arrival_rate, spec.num_programs)
@@ -207,4 +250,9 @@ def generate(spec: WorkloadSpec) -> Trace:
         "num_programs": spec.num_programs,
         "generator": "vllm_continuum.bench.workload",
     }
+    if spec.one_shot is not None:
+        until = float(arrivals[-1])
+        chat = [_one_shot(spec, i, t) for i, t in enumerate(_one_shot_arrivals(spec, until))]
+        programs = sorted(programs + chat, key=lambda p: (p.arrival_s, p.id))
+        meta |= {"one_shot_rate": spec.one_shot.arrival_rate, "one_shot_requests": len(chat)}
     return Trace(programs, meta)

@@ -92,7 +92,7 @@ class Totals:
                 self.releases_by_reason["expired"] += 1
                 self.histograms["pin_held_seconds"].observe("", max(0.0, ttl_s))
             else:
-                self.pinned_blocks += int(blocks)
+                self.pinned_blocks += float(blocks)
                 self.pinned_sessions += 1
 
 
@@ -208,7 +208,7 @@ class ContinuumCollector:
             totals.pins_refused,
         )
         for name, doc, value in (
-            ("continuum_pinned_blocks", "KV blocks held by pins now.", totals.pinned_blocks),
+            ("continuum_pinned_blocks", "Distinct KV blocks held by pins now.", round(totals.pinned_blocks, 6)),
             ("continuum_pinned_sessions", "Sessions holding a pin now.", totals.pinned_sessions),
         ):
             gauge = GaugeMetricFamily(name, doc, labels=["model_name"])

@@ -170,9 +170,14 @@ def session_digest(session_key: str) -> str:
 
 
 def pin_rows(pins: Iterable, now: float, held) -> list[list]:
-    """[blocks, seconds left, ttl, held, session digest] per pin (no session id)."""
+    """[blocks, seconds left, ttl, held, session digest] per pin: no session
+    ids leave the engine (the digest names a session for a router that knows
+    its id, `vllm_continuum.pins_endpoint`). blocks is the pin's share of the
+    pinned blocks (a block k pins hold counts 1/k for each, `PinTable.share`),
+    so that the rows add up to distinct blocks."""
+    share = getattr(pins, "share", lambda p: p.num_blocks)
     return [
-        [p.num_blocks, p.expires_at - now, p.expires_at - p.created_at, bool(held(p.session_id)),
+        [share(p), p.expires_at - now, p.expires_at - p.created_at, bool(held(p.session_id)),
          session_digest(p.session_id)]
         for p in pins
     ]

@@ -9,6 +9,7 @@ rounded down, so that with no profile the model pins less rather than more.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,9 +24,34 @@ class PrefillProfile:
     source: str = "default (8B model on one H100-class GPU, not measured here)"
     points: list[tuple[int, float]] = field(default_factory=list, compare=False)
 
+    def __post_init__(self) -> None:
+        if not all(math.isfinite(c) for c in (self.c0, self.c1, self.c2)):
+            raise ValueError(f"prefill profile coefficients must be finite: {self}")
+
     def seconds(self, num_tokens: int) -> float:
+        """The fitted t(n), made non-decreasing: max of t over [0, n]. A fit with
+        a negative quadratic (or linear) term would otherwise claim that a
+        longer context reloads faster, down to 0 for the longest ones."""
         n = max(0, num_tokens)
-        return max(0.0, self.c0 + self.c1 * n + self.c2 * n * n)
+        best = max(self._fit(n), self._fit(0))
+        if self.c2 < 0:  # concave: its peak may lie inside [0, n]
+            best = max(best, self._fit(min(n, max(0.0, -self.c1 / (2 * self.c2)))))
+        return max(0.0, best)
+
+    def _fit(self, n: float) -> float:
+        return self.c0 + self.c1 * n + self.c2 * n * n
+
+    def clamp_note(self, max_tokens: int) -> str | None:
+        """A message if the fit decreases somewhere on [0, max_tokens], where
+        `seconds` holds it at its running maximum instead."""
+        slopes = (self.c1, self.c1 + 2 * self.c2 * max_tokens)  # t'(n) is linear
+        if min(slopes) >= 0:
+            return None
+        return (
+            f"prefill profile ({self.source}) decreases on [0, {max_tokens}] tokens "
+            f"(c1={self.c1:.3g}, c2={self.c2:.3g}); its reload cost is held at its running "
+            "maximum. Refit it over the whole context range: `vllm-continuum profile`."
+        )
 
     @classmethod
     def fit(cls, points: list[tuple[int, float]], source: str) -> PrefillProfile:

@@ -1,8 +1,12 @@
-"""When an allocation that failed for lack of blocks may take them from pins.
+"""When an allocation that failed for lack of blocks may take them from pins,
+and which pins then go.
 
 Whatever the policy, pins give way before a running request would be
-preempted: preemption throws away computed KV of a live request to keep KV
-of an idle one. The policies differ for waiting requests:
+preempted (preemption throws away computed KV of a live request to keep KV
+of an idle one), to a preempted request at the head of the queue (it has
+already lost its KV once), and to a request that has waited
+`max_queue_delay_s` (the waiting bound). The policies differ for the rest
+of the waiting requests:
 
 - hold (the paper's Algorithm 1, the default): pins under the cap are kept
   while other work runs, since running work will free blocks soon and the
@@ -11,22 +15,79 @@ of an idle one. The policies differ for waiting requests:
   Under memory pressure this measured better than yield (docs/benchmarks.md):
   yield gives the pins up nearly always, so they buy nothing.
 - yield: always. Pins never delay admission; they only use memory nobody
-  else wants. Never a delay for newcomers against stock vLLM.
+  else wants.
 
-Which pins go first (latest-arriving program) is `PinTable.release_order`.
+Which pins go: `pins_to_release` walks them in release order (latest-arriving
+program first, `PinTable.release_order`) and takes the fewest that free
+the blocks needed, counting a block as freed only when every reference to it
+goes: blocks shared with running requests, with pins that stay, or part of
+the requester's own prefix hit free nothing. If even every candidate would
+not free enough, it takes none: nothing is released for nothing.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from typing import Literal, Protocol
 
 PressurePolicy = Literal["yield", "hold"]
 
 
-def may_release_pins(policy: PressurePolicy, for_running_request: bool, anything_running: bool) -> bool:
-    if for_running_request or policy == "yield":
+def may_release_pins(
+    policy: PressurePolicy,
+    for_running_request: bool,
+    anything_running: bool,
+    *,
+    preempted: bool = False,
+    overdue: bool = False,
+) -> bool:
+    if for_running_request or preempted or overdue or policy == "yield":
         return True
     return not anything_running
+
+
+class HoldsBlocks(Protocol):
+    block_ids: tuple[int, ...]
+
+
+def blocks_freed(
+    pins: Sequence[HoldsBlocks], refs: Callable[[int], int], keep: Collection[int] = ()
+) -> int:
+    """Blocks that releasing all of `pins` frees: every reference to the block
+    (`refs(block)`) is one of theirs, and it is not in `keep`."""
+    held: Counter[int] = Counter()
+    for pin in pins:
+        held.update(set(pin.block_ids))
+    return sum(1 for b, n in held.items() if n >= refs(b) and b not in keep)
+
+
+def pins_to_release(
+    candidates: Sequence[HoldsBlocks],
+    needed: int | None,
+    refs: Callable[[int], int],
+    keep: Collection[int] = (),
+) -> list:
+    """The fewest leading candidates (in release order) that free `needed`
+    blocks, then pruned of any whose release turns out unnecessary (most
+    valuable first). [] if all of them together would not free enough.
+    `needed=None` (unknown): every candidate that frees something with the rest."""
+    if needed is None:
+        return list(candidates) if blocks_freed(candidates, refs, keep) > 0 else []
+    if needed <= 0:
+        return []
+    chosen: list = []
+    for pin in candidates:
+        chosen.append(pin)
+        if blocks_freed(chosen, refs, keep) >= needed:
+            break
+    else:
+        return []
+    for pin in reversed(chosen[:-1]):  # the last one was needed to reach the goal
+        rest = [p for p in chosen if p is not pin]
+        if blocks_freed(rest, refs, keep) >= needed:
+            chosen = rest
+    return chosen
 
 
 def pressure_variants(name: str, settings: dict[str, str], key: str) -> dict[str, dict[str, str]]:

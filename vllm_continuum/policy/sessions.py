@@ -2,19 +2,26 @@
 
 - its first arrival: programs are served first-come-first-served, and under
   pressure the pins of the programs that arrived last go first;
-- when its last turn ended and which tool that turn called: the next turn's
-  arrival then measures the tool's duration, as the paper does;
+- when its last turn ended, which tool that turn called, and the prefix the
+  next turn must continue (an `Anchor`): the next turn's arrival then
+  measures the tool's duration, as the paper does;
 - how many turns it has had: when the program ends (a last-turn hint, or
   idle past a horizon) that count feeds eta.
 
-Session ids come from clients, so the table is bounded: the least recently
-active sessions are forgotten first.
+Session ids come from clients, so the table is bounded (the least recently
+active sessions are forgotten first), and a request only counts as the
+session's next turn if its prompt continues the last turn's context: a
+request that merely carries the id neither inherits the program's place in
+the queue nor records a tool duration.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+
+from vllm_continuum.policy.pin_table import Anchor
 
 
 @dataclass
@@ -24,6 +31,17 @@ class SessionState:
     turns: int = 0
     last_end: float | None = None  # scheduler clock, when the last turn ended
     last_tool: str | None = None  # tool the last turn called, until measured
+    last_anchor: Anchor | None = None  # the prefix the next turn continues
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """What a new request of a session is to it."""
+
+    state: SessionState
+    continues: bool  # its prompt continues the session's last turn
+    first_turn: bool  # no turn of the session had ended before it
+    measured: tuple[str, float] | None = None  # (tool, duration) of the last turn's call
 
 
 class SessionRegistry:
@@ -45,29 +63,34 @@ class SessionRegistry:
         return state.first_arrival if state is not None else default
 
     def observe_arrival(
-        self, session_id: str, arrival: float, now: float
-    ) -> tuple[SessionState, tuple[str, float] | None]:
-        """Record a new request of the session. Returns its state and, if the
-        previous turn called a tool, (tool, measured duration in seconds)."""
+        self, session_id: str, arrival: float, now: float, hashes: Sequence[Hashable]
+    ) -> Arrival:
+        """Record a new request of the session, whose prompt has these block hashes."""
         state = self._touch(session_id, now)
         if state is None:
             state = self._sessions[session_id] = SessionState(arrival, now)
             if len(self._sessions) > self.max_sessions:
                 self._sessions.popitem(last=False)
-            return state, None
+            return Arrival(state, continues=False, first_turn=True)
+        anchor = state.last_anchor
+        if anchor is None or not anchor.continued_by(hashes):
+            return Arrival(state, continues=False, first_turn=state.turns == 0)
         state.first_arrival = min(state.first_arrival, arrival)
         measured = None
         if state.last_tool is not None and state.last_end is not None:
             measured = (state.last_tool, max(0.0, now - state.last_end))
             state.last_tool = None
-        return state, measured
+        return Arrival(state, continues=True, first_turn=False, measured=measured)
 
-    def observe_turn_end(self, session_id: str, now: float, tool: str | None) -> None:
+    def observe_turn_end(
+        self, session_id: str, now: float, tool: str | None, anchor: Anchor | None
+    ) -> None:
         state = self._touch(session_id, now)
         if state is not None:
             state.turns += 1
             state.last_end = now
             state.last_tool = tool
+            state.last_anchor = anchor
 
     def end_program(self, session_id: str) -> int:
         """Forget a finished program; return its number of turns (0 if unknown)."""

@@ -112,8 +112,10 @@ def optimal_ttl(sorted_durations: Sequence[float], benefit_s: float) -> float:
     stops there.
     """
     n = len(sorted_durations)
-    if n == 0 or benefit_s <= 0:
+    if n == 0 or not benefit_s > 0:  # NaN too
         return 0.0
+    if math.isinf(benefit_s):  # any cost is worth a certain return: wait for the slowest
+        return sorted_durations[-1]
     best_tau = 0.0
     best_value = bisect.bisect_right(sorted_durations, 0.0) / n * benefit_s
     i = 0
@@ -149,6 +151,9 @@ class ContinuumTTLPolicy(TTLPolicy):
         self.workload = workload
         self.profile = profile
         self.k = cold_start_samples
+
+    def profile_note(self, max_model_len: int) -> str | None:
+        return self.profile.clamp_note(max_model_len)
 
     def benefit_s(self, turn: TurnEnd, eta: float) -> float:
         reload = self.profile.seconds(turn.num_context_tokens)

@@ -1,21 +1,32 @@
-"""The waiting queue, in lanes: preempted work, then turns whose session holds a
-pin, then everyone else.
+"""The waiting queue of program-level FCFS, in lanes, with a waiting bound.
 
-A pinned session's next turn goes first because its prefill is nearly free
-and admitting it lets the pin go; making it wait keeps memory idle (the
-paper's Algorithm 1). Preempted requests stay ahead of everything, as in
-stock vLLM. Within a lane, order is by `key_of(request)` (arrival, or
-priority then arrival), so popping and re-adding a skipped request keeps
-its place.
+Order, within one priority level (`--scheduling-policy priority` keeps
+vLLM's priority first: the lanes only order requests of equal priority):
+
+1. preempted requests, front to back as vLLM puts them back (as stock);
+2. the oldest request that has waited `max_delay_s`: from then on no
+   request that arrived after it goes first (the waiting bound);
+3. turns that continue a pinned context: their prefill is nearly free and
+   admitting them lets the pin go (the paper's Algorithm 1);
+4. everything else by `key_of` (program-level FCFS: the program's first
+   arrival, then the request's).
+
+vLLM stops admitting at the first request that does not fit, so whatever
+is first blocks everything behind it: that is why an overdue request must
+be first, and why it must not wait long. Popping and re-adding a skipped
+request keeps its place (keys and enqueue times do not change).
 
 It speaks vLLM's `RequestQueue` protocol by duck typing and knows requests
-only through the three functions it is given, so it is tested without vLLM.
+only through the functions it is given, so it is tested without vLLM.
+Removal is lazy (a heap entry is valid while its token is current), so
+every operation but `remove_requests` of many is O(log n).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import Counter, deque
+import itertools
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Generic, TypeVar
 
@@ -30,14 +41,26 @@ class LaneQueue(Generic[R]):
         lane_of: Callable[[R], int],
         key_of: Callable[[R], tuple],
         session_of: Callable[[R], Hashable | None],
+        *,
+        enqueued_at: Callable[[R], float] = lambda r: 0.0,
+        now: Callable[[], float] = lambda: 0.0,
+        max_delay_s: float = float("inf"),
+        priority_of: Callable[[R], int] = lambda r: 0,
     ) -> None:
         self._lane_of = lane_of
         self._key_of = key_of
         self._session_of = session_of
-        self._preempted: deque[R] = deque()
-        self._heaps: dict[int, list[tuple[tuple, R]]] = {PINNED: [], REGULAR: []}
+        self._enqueued_at = enqueued_at
+        self._now = now
+        self.max_delay_s = max_delay_s
+        self._priority_of = priority_of
+        self._tokens = itertools.count()
+        self._ends = itertools.count(1)  # preempted lane: prepend < 0 < append
+        self._members: dict[int, tuple[int, R]] = {}  # id(request) -> (token, request)
+        self._heap: list[tuple[tuple, int, R]] = []
+        # Per priority level: (enqueue time, token, request) of non-preempted requests.
+        self._aging: dict[int, list[tuple[float, int, R]]] = {}
         self._waiting_sessions: Counter[Hashable] = Counter()
-        self._size = 0  # vLLM asks len() several times per step: keep it O(1)
 
     # --- vLLM RequestQueue protocol -------------------------------------
     def add_request(self, request: R) -> None:
@@ -52,57 +75,37 @@ class LaneQueue(Generic[R]):
             self._insert(request, front=True)
 
     def peek_request(self) -> R:
-        if self._preempted:
-            return self._preempted[0]
-        for lane in (PINNED, REGULAR):
-            if self._heaps[lane]:
-                return self._heaps[lane][0][1]
-        raise IndexError("peek from an empty queue")
+        return self._head()[2]
 
     def pop_request(self) -> R:
-        if self._preempted:
-            request = self._preempted.popleft()
-        else:
-            heap = self._heaps[PINNED] or self._heaps[REGULAR]
-            if not heap:
-                raise IndexError("pop from an empty queue")
-            request = heapq.heappop(heap)[1]
-        self._forget_session(request)
-        self._size -= 1
+        request = self._head()[2]
+        self._forget(request)
+        self._compact()
         return request
 
     def remove_request(self, request: R) -> None:
         self.remove_requests((request,))
 
     def remove_requests(self, requests: Iterable[R]) -> None:
-        doomed = {id(r): r for r in requests}
-        if not doomed:
-            return
         # vLLM also asks to remove requests that sit in its other queue:
         # only those actually found here are forgotten.
-        removed = [r for r in self._preempted if id(r) in doomed]
-        if removed:
-            self._preempted = deque(r for r in self._preempted if id(r) not in doomed)
-        for lane, heap in self._heaps.items():
-            entries = [e for e in heap if id(e[1]) not in doomed]
-            if len(entries) != len(heap):
-                removed.extend(e[1] for e in heap if id(e[1]) in doomed)
-                heapq.heapify(entries)
-                self._heaps[lane] = entries
-        for request in removed:
-            self._forget_session(request)
-        self._size -= len(removed)
+        for request in requests:
+            if id(request) in self._members:
+                self._forget(request)
+        self._compact()
 
     def __bool__(self) -> bool:
-        return self._size > 0
+        return bool(self._members)
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._members)
 
     def __iter__(self) -> Iterator[R]:
-        yield from list(self._preempted)
-        for lane in (PINNED, REGULAR):
-            yield from (r for _, r in sorted(self._heaps[lane], key=lambda e: e[0]))
+        live = sorted(e for e in self._heap if self._valid(e[1], e[2]))
+        overdue = self._overdue_head(live[0][0][0]) if live else None
+        if overdue is not None and live[0][0][1] != PREEMPTED:
+            yield overdue
+        yield from (r for _, _, r in live if r is not overdue)
 
     # --- what the scheduler asks besides ---------------------------------
     def has_session_waiting(self, session: Hashable | None) -> bool:
@@ -112,31 +115,77 @@ class LaneQueue(Generic[R]):
         """A pin of `session` appeared or went: move its waiting turns to their lane."""
         if not self.has_session_waiting(session):
             return
-        movers = [
-            r
-            for heap in self._heaps.values()
-            for _, r in heap
-            if self._session_of(r) == session
-        ]
-        self.remove_requests(movers)
+        movers = [r for _, r in self._members.values() if self._session_of(r) == session]
         for request in movers:
-            self.add_request(request)
+            self._forget(request)
+            self._insert(request, front=False)
+
+    def is_overdue(self, request: R) -> bool:
+        return self._now() - self._enqueued_at(request) >= self.max_delay_s
 
     # --- internals ---------------------------------------------------------
     def _insert(self, request: R, front: bool) -> None:
+        token = next(self._tokens)
+        self._members[id(request)] = (token, request)
         lane = self._lane_of(request)
+        priority = self._priority_of(request)
         if lane == PREEMPTED:
-            (self._preempted.appendleft if front else self._preempted.append)(request)
+            end = next(self._ends)
+            key = (priority, PREEMPTED, (-end if front else end,))
         else:
-            heapq.heappush(self._heaps[lane], (self._key_of(request), request))
-        self._size += 1
+            key = (priority, lane, self._key_of(request))
+            aging = self._aging.setdefault(priority, [])
+            heapq.heappush(aging, (self._enqueued_at(request), token, request))
+        heapq.heappush(self._heap, (key, token, request))
         session = self._session_of(request)
         if session is not None:
             self._waiting_sessions[session] += 1
 
-    def _forget_session(self, request: R) -> None:
+    def _forget(self, request: R) -> None:
+        del self._members[id(request)]
         session = self._session_of(request)
         if session is not None:
             self._waiting_sessions[session] -= 1
             if self._waiting_sessions[session] <= 0:
                 del self._waiting_sessions[session]
+
+    def _valid(self, token: int, request: R) -> bool:
+        member = self._members.get(id(request))
+        return member is not None and member[0] == token
+
+    def _head(self) -> tuple[tuple, int, R]:
+        heap = self._heap
+        while heap and not self._valid(heap[0][1], heap[0][2]):
+            heapq.heappop(heap)
+        if not heap:
+            raise IndexError("peek from an empty queue")
+        top = heap[0]
+        (priority, lane, _), _, _ = top
+        if lane != PREEMPTED:
+            overdue = self._overdue_head(priority)
+            if overdue is not None:
+                return (top[0], self._members[id(overdue)][0], overdue)
+        return top
+
+    def _overdue_head(self, priority: int) -> R | None:
+        """The oldest request of this priority level, if it waited the bound."""
+        aging = self._aging.get(priority)
+        while aging and not self._valid(aging[0][1], aging[0][2]):
+            heapq.heappop(aging)
+        if aging and self._now() - aging[0][0] >= self.max_delay_s:
+            return aging[0][2]
+        return None
+
+    def _compact(self) -> None:
+        """Drop stale entries once they outnumber the live ones."""
+        stale = len(self._heap) + sum(map(len, self._aging.values())) - 2 * len(self._members)
+        if stale > len(self._members) + 64:
+            self._heap = [e for e in self._heap if self._valid(e[1], e[2])]
+            heapq.heapify(self._heap)
+            for priority, aging in list(self._aging.items()):
+                kept = [e for e in aging if self._valid(e[1], e[2])]
+                if kept:
+                    heapq.heapify(kept)
+                    self._aging[priority] = kept
+                else:
+                    del self._aging[priority]

@@ -9,18 +9,26 @@ in-flight step may still write is never handed to another request early.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+import inspect
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
+
+from vllm.logger import init_logger
+from vllm.v1.request import RequestStatus
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
     from vllm.v1.core.sched.scheduler import Scheduler
 
 
+logger = init_logger("vllm.continuum")
+
+
 class BlockLedger:
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
         self._pool = scheduler.kv_cache_manager.block_pool
+        self._allocate_signature = inspect.signature(scheduler.kv_cache_manager.allocate_slots)
 
     @property
     def pool_size(self) -> int:
@@ -60,18 +68,15 @@ class BlockLedger:
         return not s.defer_block_free or fence <= s.processed_step_seq
 
     @staticmethod
-    def count(blocks: Iterable[KVCacheBlock]) -> int:
-        return sum(1 for b in blocks if not b.is_null)
+    def ids(blocks: Iterable[KVCacheBlock], keep_null: bool = False) -> tuple:
+        """Block ids in order; null blocks (sliding window, padding) are
+        skipped, or given as None with `keep_null` (positions preserved)."""
+        if keep_null:
+            return tuple(None if b.is_null else b.block_id for b in blocks)
+        return tuple(b.block_id for b in blocks if not b.is_null)
 
-    @staticmethod
-    def freeable(blocks: Iterable[KVCacheBlock], exclude_ids: Collection[int]) -> int:
-        """Blocks that releasing would actually free: held by nothing else and not
-        about to be reused by the request that needs room."""
-        return sum(
-            1
-            for b in blocks
-            if not b.is_null and b.ref_cnt == 1 and b.block_id not in exclude_ids
-        )
+    def ref_count(self, block_id: int) -> int:
+        return self._pool.blocks[block_id].ref_cnt
 
     @staticmethod
     def block_ids(kv_cache_blocks) -> frozenset[int]:
@@ -79,3 +84,52 @@ class BlockLedger:
         if kv_cache_blocks is None:
             return frozenset()
         return frozenset(b.block_id for group in kv_cache_blocks.blocks for b in group)
+
+    def shortfall(self, request, args: tuple, kwargs: dict) -> int | None:
+        """How many more free blocks the failed `allocate_slots(request, *args,
+        **kwargs)` needed: vLLM's own arithmetic (KVCacheManager.allocate_slots,
+        identical in 0.32 and 0.33), asked once instead of retrying per pin.
+        None where it cannot be told (then every pin that frees a block is a
+        candidate)."""
+        try:
+            return self._shortfall(request, args, kwargs)
+        except Exception:  # an internal API moved: fall back, never fail the step
+            logger.debug("continuum: shortfall unknown for %s", request.request_id, exc_info=True)
+            return None
+
+    def _shortfall(self, request, args: tuple, kwargs: dict) -> int | None:
+        kvm = self._scheduler.kv_cache_manager
+        if getattr(kvm, "retained_hit_group_ids", None):
+            return None
+        a = self._allocate_signature.bind(request, *args, **kwargs)
+        a.apply_defaults()
+        a = a.arguments
+        hit = a["new_computed_blocks"]
+        hit_blocks = hit.blocks if hit is not None else kvm.empty_kv_cache_blocks.blocks
+        local = request.num_computed_tokens + a["num_new_computed_tokens"]
+        external = a["num_external_computed_tokens"]
+        total = min(local + external, kvm.max_model_len)
+        waiting = request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        watermark = kvm.watermark_blocks if a["has_scheduled_reqs"] and waiting else 0
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        free = self._pool.get_num_free_blocks()
+        common = dict(
+            request_id=request.request_id, new_computed_blocks=hit_blocks,
+            num_encoder_tokens=a["num_encoder_tokens"], num_local_computed_tokens=local,
+            prefill_end=prefill_end,
+        )
+        short = 0
+        if a["full_sequence_must_fit"]:
+            full = min(request.num_tokens, kvm.max_model_len)
+            need = kvm.coordinator.get_num_blocks_to_allocate(
+                num_tokens=full, total_computed_tokens=total, num_tokens_main_model=full,
+                apply_admission_cap=True, **common,
+            )
+            short = need + watermark - free
+        main = total + a["num_new_tokens"]
+        need = kvm.coordinator.get_num_blocks_to_allocate(
+            num_tokens=min(main + a["num_lookahead_tokens"], kvm.max_model_len),
+            total_computed_tokens=local + external, num_tokens_main_model=main, **common,
+        )
+        short = max(short, need + watermark - (free - a["reserved_blocks"]))
+        return short if short > 0 else None  # <= 0 contradicts the failure: unknown

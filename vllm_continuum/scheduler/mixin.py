@@ -8,17 +8,18 @@
   an end of turn). A finished tool-call turn of a session keeps its
   references instead: a pin.
 - `schedule`: expired pins go first; after stock scheduling, a pin whose
-  session's next turn was admitted is released (the turn already holds the
+  context's next turn was admitted is released (the turn already holds the
   blocks, so nothing becomes evictable in between).
 - `kv_cache_manager.allocate_slots` (wrapped per instance): when an
   allocation fails, pins are released before vLLM would preempt a running
   request or give up on admitting a waiting one.
-- `self.waiting`: a lane queue that puts a pinned session's turn ahead of
-  other new work (never ahead of preempted requests).
+- `self.waiting` (with `queue_order: program_fcfs`): a lane queue that puts
+  the next turn of a pinned context ahead of other new work, with a waiting
+  bound. With `queue_order: fcfs` vLLM's own queue stays.
 - `add_request`, `reset_prefix_cache`, `shutdown`: bookkeeping and release.
 
-Policy (TTLs, release order, queue order) lives in `vllm_continuum.policy`;
-this file only connects it to vLLM.
+Policy (TTLs, release choice, queue order, pin accounting) lives in
+`vllm_continuum.policy`; this file only connects it to vLLM.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
@@ -35,12 +38,12 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_continuum.compat import check_vllm_version
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.policy.hints import NO_HINTS, Hints, parse_hints
-from vllm_continuum.policy.pin_table import Pin, PinTable, ReleaseReason
-from vllm_continuum.policy.pressure import may_release_pins
+from vllm_continuum.policy.pin_table import Anchor, Pin, PinTable, ReleaseReason
+from vllm_continuum.policy.pressure import may_release_pins, pins_to_release
 from vllm_continuum.policy.sessions import SessionRegistry
 from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
-from vllm_continuum.policy.workload import WorkloadModel
 from vllm_continuum.policy.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
+from vllm_continuum.policy.workload import WorkloadModel
 from vllm_continuum.scheduler.blocks import BlockLedger
 from vllm_continuum.scheduler.tool_call_detector import ToolCallDetector
 from vllm_continuum.stats import ContinuumStats
@@ -79,6 +82,18 @@ def _set_log_level(level: str | None) -> None:
         logger.propagate = False
 
 
+@dataclass
+class _Turn:
+    """What the scheduler keeps about a request until it is freed."""
+
+    hints: Hints
+    enqueued_at: float  # scheduler clock: the waiting bound counts from here
+    program_arrival: float  # queue key: the program's first arrival if it continues it
+    continues: bool = False  # its prompt continues its session's last turn
+    first_turn: bool = False  # no turn of its session had ended before it
+    resuming: tuple[bool, float] | None = None  # (found a pin, arrival) until admitted
+
+
 class ContinuumSchedulerMixin:
     def __init__(self, *args, **kwargs) -> None:
         check_vllm_version()
@@ -91,14 +106,16 @@ class ContinuumSchedulerMixin:
             cfg.duration_history, cfg.queueing_window, cfg.program_window
         )
         self.ttl_policy = make_ttl_policy(cfg, self.workload)
+        note = getattr(self.ttl_policy, "profile_note", lambda n: None)(self.max_model_len)
+        if note:
+            logger.warning("continuum: %s", note)
         self.pins = PinTable()
         self.sessions = SessionRegistry(cfg.max_tracked_sessions)
         self.continuum_stats = ContinuumStats()
         self._ledger = BlockLedger(self)
-        self._hints: dict[str, Hints] = {}
-        # Turns of sessions seen before: request id -> (its session had a pin, arrival).
-        self._resuming: dict[str, tuple[bool, float]] = {}
+        self._turns: dict[str, _Turn] = {}
         self._warned_hints: set[str] = set()
+        self._step = 0  # schedule() calls so far: an expired pin's grace is one of them
         # Sessions whose lane changed while vLLM was between peek and pop of
         # the waiting queue: re-sorted only once schedule() is done.
         self._in_schedule = False
@@ -108,28 +125,51 @@ class ContinuumSchedulerMixin:
             cfg.tool_call_token,
             cfg.tool_call_patterns,
         )
+        # A pin is only ever useful as a prefix hit.
+        self._pinning = bool(self.cache_config.enable_prefix_caching)
+        if not self._pinning:
+            logger.warning(
+                "continuum: prefix caching is off (--no-enable-prefix-caching), so a pin "
+                "could never be hit: nothing is pinned; queue_order=%s still applies",
+                cfg.queue_order,
+            )
+        hash_block_size = getattr(self, "hash_block_size", self.block_size) or self.block_size
+        self._hash_block_size = hash_block_size
+        self._hashes_per_block = max(1, self.block_size // hash_block_size)
 
         assert not self.waiting, "the waiting queue is replaced before any request"
-        self._by_priority = self.policy == SchedulingPolicy.PRIORITY
-        self.waiting = LaneQueue(
-            lane_of=self._lane_of, key_of=self._queue_key, session_of=session_key
-        )
+        if cfg.queue_order == "program_fcfs":
+            by_priority = self.policy == SchedulingPolicy.PRIORITY
+            self.waiting = LaneQueue(
+                lane_of=self._lane_of,
+                key_of=self._queue_key,
+                session_of=session_key,
+                enqueued_at=self._enqueued_at,
+                now=self.clock_now,
+                max_delay_s=cfg.max_queue_delay_s,
+                priority_of=(lambda r: r.priority) if by_priority else (lambda r: 0),
+            )
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins
         logger.info(
-            "vllm-continuum scheduler %s: ttl_policy=%s pressure_policy=%s "
-            "max_pinned_fraction=%s max_ttl_s=%s tool-call token id=%s",
+            "vllm-continuum scheduler %s: ttl_policy=%s pressure_policy=%s queue_order=%s "
+            "max_queue_delay_s=%s max_pinned_fraction=%s max_ttl_s=%s tool-call token id=%s",
             type(self).__name__,
             cfg.ttl_policy,
             cfg.pressure_policy,
+            cfg.queue_order,
+            cfg.max_queue_delay_s,
             cfg.max_pinned_fraction,
             cfg.max_ttl_s,
             self._tool_calls.token_id,
         )
 
+    def clock_now(self) -> float:
+        return self.clock()  # `clock` may be replaced (simulator, tests): look it up each time
+
     # ------------------------------------------------------------------ hooks
     def add_request(self, request: Request) -> None:
-        self._release_expired()
+        self._release_expired(grace_until=self._step + 1)
         if request.request_id not in self.requests:
             self._end_idle_programs()
             self._on_arrival(request)
@@ -137,14 +177,15 @@ class ContinuumSchedulerMixin:
         self._publish()  # the engine wakes: the front end must stop judging idle pins
 
     def schedule(self, *args, **kwargs):
-        self._release_expired()
+        self._step += 1
+        self._release_expired(grace_until=self._step)
         self._in_schedule = True
         try:
             output = super().schedule(*args, **kwargs)
         finally:
             self._in_schedule = False
             for session in self._lane_changes:
-                self.waiting.reclassify(session)
+                self._reclassify(session)
             self._lane_changes.clear()
         for new_req in output.scheduled_new_reqs:
             self._on_admitted(new_req.req_id, new_req.num_computed_tokens)
@@ -162,9 +203,8 @@ class ContinuumSchedulerMixin:
 
     def _free_request_blocks(self, request: Request) -> None:
         if request.is_finished():
-            hints = self._hints.pop(request.request_id, NO_HINTS)
-            self._resuming.pop(request.request_id, None)
-            if self._end_of_turn(request, hints):
+            turn = self._turns.pop(request.request_id, None)
+            if self._end_of_turn(request, turn):
                 return  # the pin now holds the request's blocks
         super()._free_request_blocks(request)
 
@@ -188,7 +228,7 @@ class ContinuumSchedulerMixin:
             pool_size=self._ledger.pool_size,
             now=self.clock(),
             idle=not self.has_requests(),
-            held=self.waiting.has_session_waiting,
+            held=lambda session: any(p.grace_step is not None for p in self.pins.of_session(session)),
         )
 
     # ----------------------------------------------------------- public API
@@ -203,19 +243,24 @@ class ContinuumSchedulerMixin:
         hints = parse_hints(extra, self.continuum_config.max_hint_tool_name_length)
         if hints.invalid:
             self._count_invalid_hints(request, hints, extra)
-        if hints is not NO_HINTS:
-            self._hints[request.request_id] = hints
+        now = self.clock()
+        turn = _Turn(hints, enqueued_at=now, program_arrival=request.arrival_time)
+        self._turns[request.request_id] = turn
         session = session_key(request)
         if session is None:
             return
-        now = self.clock()
-        state, measured = self.sessions.observe_arrival(session, request.arrival_time, now)
-        if measured is not None:
-            tool, seconds = measured
+        arrival = self.sessions.observe_arrival(
+            session, request.arrival_time, now, request.block_hashes
+        )
+        turn.continues, turn.first_turn = arrival.continues, arrival.first_turn
+        if arrival.measured is not None:
+            tool, seconds = arrival.measured
             self.workload.durations.add(tool, seconds)
             self.continuum_stats.on_tool_duration(tool, seconds)
-        if state.turns > 0:
-            self._resuming[request.request_id] = (self.pins.get(session) is not None, now)
+        if arrival.continues:
+            turn.program_arrival = arrival.state.first_arrival
+            had_pin = self.pins.continued_by(session, request.block_hashes) is not None
+            turn.resuming = (had_pin, now)
 
     def _end_idle_programs(self) -> None:
         horizon = self.continuum_config.program_idle_horizon_s
@@ -226,182 +271,248 @@ class ContinuumSchedulerMixin:
         request = self.requests.get(request_id)
         if request is None:
             return
-        resuming = self._resuming.pop(request_id, None)
-        if resuming is not None:
-            had_pin, arrived = resuming
+        turn = self._turns.get(request_id)
+        if turn is not None and turn.resuming is not None:
+            had_pin, arrived = turn.resuming
+            turn.resuming = None
             if not had_pin:  # T: what turns that lost their cache waited
                 self.workload.queueing.add(self.clock() - arrived)
             self.continuum_stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens)
-        pin = self.pins.get(session_key(request))
+        pin = self.pins.continued_by(session_key(request), request.block_hashes)
         if pin is not None and pin.request_id != request_id:
             # The turn's allocation touched the pinned blocks it hit: hand over.
             self._release(pin, ReleaseReason.RESUMED)
 
     def _queue_key(self, request: Request) -> tuple:
-        """Program-level FCFS: by the session's first arrival, then the request's."""
-        program = self.sessions.first_arrival(session_key(request), request.arrival_time)
-        key = (program, request.arrival_time, request.request_id)
-        return (request.priority, *key) if self._by_priority else key
+        """Program-level FCFS: by the program's first arrival, then the request's."""
+        turn = self._turns.get(request.request_id)
+        program = turn.program_arrival if turn is not None else request.arrival_time
+        return (program, request.arrival_time, request.request_id)
+
+    def _enqueued_at(self, request: Request) -> float:
+        turn = self._turns.get(request.request_id)
+        return turn.enqueued_at if turn is not None else self.clock()
 
     def _lane_of(self, request: Request) -> int:
         if request.status == RequestStatus.PREEMPTED:
             return PREEMPTED
-        return PINNED if self.pins.get(session_key(request)) is not None else REGULAR
+        pinned = self.pins.continued_by(session_key(request), request.block_hashes)
+        return PINNED if pinned is not None else REGULAR
+
+    def _overdue(self, request: Request) -> bool:
+        """Waited the bound: pins give way to it under either pressure policy."""
+        turn = self._turns.get(request.request_id)
+        return (
+            turn is not None
+            and request.status == RequestStatus.WAITING
+            and self.clock() - turn.enqueued_at >= self.continuum_config.max_queue_delay_s
+        )
 
     # ------------------------------------------------------------ finish side
-    def _end_of_turn(self, request: Request, hints: Hints) -> bool:
+    def _end_of_turn(self, request: Request, turn: _Turn | None) -> bool:
         """Decide what a finished request means for its session; True if pinned."""
         session = session_key(request)
         if session is None:
             return False
+        hints = turn.hints if turn is not None else NO_HINTS
+        # Only the program's own turns (its first, or one continuing its last)
+        # speak for the session; a request that merely carries the id does not.
+        of_program = turn is None or turn.continues or turn.first_turn
+        hashes = request.block_hashes
         # A stop string also ends a turn as FINISHED_ABORTED (the front end
         # aborts it), so an abort with output is judged by that output.
         tool = None
         if request.num_output_tokens:
             tool = hints.tool or self._tool_calls.tool_called(request.output_token_ids)
-            self.sessions.observe_turn_end(session, self.clock(), tool)
+            if of_program:
+                anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self._hash_block_size)
+                self.sessions.observe_turn_end(session, self.clock(), tool, anchor)
         if hints.last_turn:
-            self._release_session(session, ReleaseReason.LAST_TURN)
-            self.workload.programs.add(self.sessions.end_program(session))
+            if of_program:
+                for pin in self.pins.of_session(session):
+                    self._release(pin, ReleaseReason.LAST_TURN)
+                self.workload.programs.add(self.sessions.end_program(session))
+            else:
+                self._release_continued(session, hashes, ReleaseReason.LAST_TURN)
             return False
         if tool is None:
             if request.status == RequestStatus.FINISHED_ABORTED:
-                self._release_session(session, ReleaseReason.ABORTED)
+                self._release_continued(session, hashes, ReleaseReason.ABORTED)
             return False
-        turn = TurnEnd(
-            session_id=session,
-            tool=tool,
-            num_context_tokens=request.num_tokens,
-            hinted_ttl_s=hints.ttl_s,
-        )
-        decision = self.ttl_policy.decide(turn)
-        self.continuum_stats.on_ttl_decision(tool, decision.ttl_s, decision.source)
-        logger.debug(
-            "continuum: session=%s tool=%s ttl=%.3fs source=%s",
-            session, tool, decision.ttl_s, decision.source,
-        )
-        if decision.ttl_s <= 0:
+        if not self._pinning:
             return False
-        self._pin(request, tool, decision.ttl_s)
-        return True
+        return self._pin(request, session, tool, hints)
 
-    def _pin(self, request: Request, tool: str, ttl_s: float) -> None:
-        session = session_key(request)
+    def _pin(self, request: Request, session: str, tool: str, hints: Hints) -> bool:
         blocks, fence = self._ledger.take(request)
-        self._release_session(session, ReleaseReason.REPLACED)
-        blocks = self._within_session_quota(blocks, fence)
-        num_blocks = self._ledger.count(blocks)
+        hashes = tuple(request.block_hashes)
+        replaced, kept = self._within_session_quota(session, blocks, hashes)
+        kept_ids = self._ledger.ids(blocks[:kept])
+        kept_hashes = hashes[: kept * self._hashes_per_block]
+        anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self._hash_block_size)
+        ttl_s = 0.0
+        if kept_ids and anchor is not None:
+            # The TTL is decided on what the pin will actually keep.
+            kept_tokens = min(request.num_tokens, kept * self.block_size)
+            decision = self.ttl_policy.decide(
+                TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s)
+            )
+            ttl_s = decision.ttl_s
+            self.continuum_stats.on_ttl_decision(tool, ttl_s, decision.source)
+            logger.debug(
+                "continuum: session=%s tool=%s ttl=%.3fs source=%s",
+                session, tool, ttl_s, decision.source,
+            )
         arrival = self.sessions.first_arrival(session, request.arrival_time)
-        if num_blocks == 0 or not self._make_room_under_cap(num_blocks, arrival):
-            if num_blocks:
+        victims = self._room_under_cap(kept_ids, replaced, arrival) if ttl_s > 0 else None
+        if victims is None:
+            if ttl_s > 0:
                 self.continuum_stats.on_pin_refused(tool)
             self._ledger.give_back(blocks, fence)
-            return
+            return False
+        self._ledger.give_back(blocks[kept:], fence)
+        for old in replaced:
+            self._release(old, ReleaseReason.REPLACED)
+        for victim in victims:
+            self._release(victim, ReleaseReason.PRESSURE)
         now = self.clock()
         pin = Pin(
             session_id=session,
             request_id=request.request_id,
             tool=tool,
-            blocks=blocks,
-            num_blocks=num_blocks,
+            blocks=blocks[:kept],
+            block_ids=kept_ids,
             created_at=now,
             expires_at=now + ttl_s,
             session_arrival=arrival,
+            anchor=anchor,
+            hashes=kept_hashes,
             fence=fence,
         )
         self.pins.add(pin)
         self.continuum_stats.on_pin(pin)
         self._lane_changed(session)
+        return True
 
-    def _within_session_quota(self, blocks: list, fence: int) -> list:
-        """Keep at most `max_session_pinned_fraction` of the pool for one session:
-        the first blocks, which its next turn hits (hashes chain from the start).
-        Models with several KV cache groups cannot be cut that way: all or nothing."""
+    def _within_session_quota(self, session: str, blocks: list, hashes: tuple) -> tuple[list[Pin], int]:
+        """(pins the new one replaces, how many leading blocks it keeps) so that
+        the session's pins hold at most `max_session_pinned_fraction` of the
+        pool in distinct blocks. The first blocks are kept: its next turn hits
+        them (hashes chain from the start). Models with several KV cache groups
+        cannot be cut that way: all or nothing."""
         quota = int(self.continuum_config.max_session_pinned_fraction * self._ledger.pool_size)
-        if self._ledger.count(blocks) <= quota:
-            return blocks
-        if len(self.kv_cache_config.kv_cache_groups) > 1:
-            self._ledger.give_back(blocks, fence)
-            return []
-        self._ledger.give_back(blocks[quota:], fence)
-        return blocks[:quota]
+        one_group = len(self.kv_cache_config.kv_cache_groups) == 1
+        kept = len(blocks)
+        while True:  # fewer kept blocks replace fewer pins: a few rounds at most
+            replaced = self.pins.subsumed_by(session, hashes[: kept * self._hashes_per_block])
+            others = {b for p in self.pins.of_session(session) if p not in replaced for b in p.block_ids}
+            new = [i for i, b in enumerate(self._ledger.ids(blocks[:kept], keep_null=True))
+                   if b is not None and b not in others]
+            room = quota - len(others)
+            if len(new) <= room or kept == 0:
+                return replaced, kept
+            kept = new[room] if one_group and room > 0 else 0
 
-    def _make_room_under_cap(self, num_blocks: int, session_arrival: float) -> bool:
-        """Fit a new pin under `max_pinned_fraction`, releasing pins of programs
-        that arrived later than this one; False if it cannot fit."""
+    def _room_under_cap(
+        self, ids: tuple[int, ...], replaced: list[Pin], arrival: float
+    ) -> list[Pin] | None:
+        """The pins of later programs to release so that a new pin of `ids`
+        fits under `max_pinned_fraction` (distinct blocks, `replaced` gone);
+        None if it cannot fit: then nothing is released."""
         cap = int(self.continuum_config.max_pinned_fraction * self._ledger.pool_size)
-        if num_blocks > cap:
-            return False
-        for victim in self.pins.release_order():
-            if self.pins.num_pinned_blocks + num_blocks <= cap:
-                break
-            if victim.session_arrival <= session_arrival:
-                return False
-            self._release(victim, ReleaseReason.PRESSURE)
-        return self.pins.num_pinned_blocks + num_blocks <= cap
+        total = self.pins.count_with(ids, without=replaced)
+        if total <= cap:
+            return []
+        candidates = [
+            p for p in self.pins.release_order()
+            if p.session_arrival > arrival and p not in replaced
+        ]
+        going = Counter(b for p in replaced for b in p.block_ids)
+        victims = pins_to_release(
+            candidates, total - cap, lambda b: self.pins.refs(b) - going[b], keep=set(ids)
+        )
+        return victims or None
 
     # ---------------------------------------------------------- release side
     def _release(self, pin: Pin, reason: ReleaseReason) -> None:
-        if self.pins.get(pin.session_id) is not pin:
+        if not self.pins.remove(pin):
             return
-        self.pins.pop(pin.session_id)
         self._ledger.give_back(pin.blocks, pin.fence)
         self.continuum_stats.on_release(pin, reason, self.clock())
         self._lane_changed(pin.session_id)
+
+    def _release_continued(self, session: str, hashes, reason: ReleaseReason) -> None:
+        pin = self.pins.continued_by(session, hashes)
+        if pin is not None:
+            self._release(pin, reason)
 
     def _lane_changed(self, session: str) -> None:
         if self._in_schedule:
             self._lane_changes.add(session)
         else:
+            self._reclassify(session)
+
+    def _reclassify(self, session: str) -> None:
+        if isinstance(self.waiting, LaneQueue):
             self.waiting.reclassify(session)
 
-    def _release_session(self, session: str, reason: ReleaseReason) -> None:
-        pin = self.pins.get(session)
-        if pin is not None:
-            self._release(pin, reason)
-
-    def _release_expired(self) -> None:
+    def _release_expired(self, grace_until: int) -> None:
+        """The TTL is a hard bound, but for one scheduling step of grace when
+        the pinned context's next turn is already queued (it is being admitted)."""
         if not self.pins:
             return
         for pin in self.pins.expired(self.clock()):
-            if self.waiting.has_session_waiting(pin.session_id):
-                self.pins.requeue(pin)  # its next turn is queued: keep for hand-off
+            if pin.grace_step is None and self._next_turn_waiting(pin):
+                pin.grace_step = grace_until
+            if pin.grace_step is not None and self._step <= pin.grace_step:
+                self.pins.requeue(pin)
             else:
                 self._release(pin, ReleaseReason.EXPIRED)
 
+    def _next_turn_waiting(self, pin: Pin) -> bool:
+        if isinstance(self.waiting, LaneQueue) and not self.waiting.has_session_waiting(pin.session_id):
+            return False
+        return pin.anchor is not None and any(
+            session_key(r) == pin.session_id and pin.anchor.continued_by(r.block_hashes)
+            for r in self.waiting
+        )
+
     def _allocate_slots_or_release_pins(self, request: Request, *args, **kwargs):
         """vLLM's allocate_slots, but an allocation that fails for lack of blocks
-        releases pins (latest-arriving program first, as the pressure policy
-        allows) and retries, before vLLM preempts or stops admitting. If even
-        that fails, the pins are restored: nothing is released for nothing."""
+        releases the pins that cover the shortfall (as the pressure policy
+        allows) and retries once, before vLLM preempts or stops admitting. If
+        no set of pins covers it, nothing is released."""
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
         if blocks is not None or not self.pins:
             return blocks
-        running = request.status == RequestStatus.RUNNING
-        policy = self.continuum_config.pressure_policy
-        if not may_release_pins(policy, running, anything_running=bool(self.running)):
+        if not may_release_pins(
+            self.continuum_config.pressure_policy,
+            request.status == RequestStatus.RUNNING,
+            anything_running=bool(self.running),
+            preempted=request.status == RequestStatus.PREEMPTED,
+            overdue=self._overdue(request),
+        ):
             return None
+        ledger = self._ledger
         hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
-        hit_ids = self._ledger.block_ids(hit)
-        released: list[Pin] = []
-        for pin in self.pins.release_order():
-            if not self._ledger.can_give_back_now(pin.fence):
-                continue
-            if self._ledger.freeable(pin.blocks, hit_ids) == 0:
-                continue
-            self.pins.pop(pin.session_id)
-            self._ledger.give_back(pin.blocks, pin.fence)
-            released.append(pin)
-            blocks = self._stock_allocate_slots(request, *args, **kwargs)
-            if blocks is not None:
-                break
-        if blocks is None:
-            for pin in released:  # restore: allocation failed, nothing was taken
-                self._ledger.take_back(pin.blocks)
+        candidates = [p for p in self.pins.release_order() if ledger.can_give_back_now(p.fence)]
+        needed = ledger.shortfall(request, args, kwargs)
+        victims = pins_to_release(candidates, needed, ledger.ref_count, keep=ledger.block_ids(hit))
+        if not victims:
+            return None
+        for pin in victims:
+            self.pins.remove(pin)
+            ledger.give_back(pin.blocks, pin.fence)
+        blocks = self._stock_allocate_slots(request, *args, **kwargs)
+        if blocks is None:  # the estimate was wrong: restore, nothing was taken
+            logger.debug("continuum: %d pins did not cover the shortfall of %s; kept",
+                         len(victims), request.request_id)
+            for pin in victims:
+                ledger.take_back(pin.blocks)
                 self.pins.add(pin)
             return None
         now = self.clock()
-        for pin in released:
+        for pin in victims:
             self.continuum_stats.on_release(pin, ReleaseReason.PRESSURE, now)
             self._lane_changed(pin.session_id)
         return blocks

@@ -51,8 +51,9 @@ class OracleTTLPolicy(TTLPolicy):
     mode "always" (policy `oracle`): every tool call is pinned for exactly its
     real duration plus `slack_s`, the longest a step can take, since a turn
     that arrives during a step is added at the step's end. A pin then never
-    outlives its use (the next turn takes it over when admitted) and is never
-    given up early: the most reuse any TTL can buy, at the least pinned time.
+    outlives its use (the next turn takes it over when admitted) and is given
+    up early only if that turn queues more than the one grace step the hard
+    TTL bound allows: the most reuse a TTL can buy, at the least pinned time.
     It is not capped by `max_ttl_s`. It is bounded, like every policy, by the
     pinned-memory caps and the pressure policy.
 

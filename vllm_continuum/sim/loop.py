@@ -13,7 +13,13 @@ Prompts are token ids that grow as an agent's history does: turn k+1's
 prompt is turn k's prompt, turn k's output tokens (the simulated model emits
 exactly the trace's output, so the history matches what the server
 generated), then the new tokens of turn k+1. Requests carry the session id
-and the continuum hints (`continuum_tool`, `continuum_last_turn`).
+and the continuum hints (`continuum_tool`, `continuum_last_turn`); one-shot
+requests (chat traffic) carry neither, as the replay client sends them, and
+are recorded apart from the agents (`RunResult.one_shot`).
+
+Beside the records, the loop measures the KV pool's occupancy (the fraction
+of blocks referenced, as vLLM's `kv_cache_usage_perc` gauge, once the step is
+scheduled) weighted by step time: how much pressure a load puts on the pool.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from vllm_continuum.bench.replay import ProgramRecord, RunResult, TurnRecord
+from vllm_continuum.bench.replay import ProgramRecord, RunResult, TurnRecord, continuum_hints
 from vllm_continuum.bench.trace import Program, Trace
 from vllm_continuum.sim.cost_model import CostModel
 from vllm_continuum.sim.engine import SimClock, build_scheduler
@@ -55,6 +61,12 @@ class SimStats:
     scheduler_wall_s: list[float] = field(default_factory=list)  # per step, if timed
     scheduler_cpu_s: list[float] = field(default_factory=list)  # this thread's CPU time, per step
     preemptions: int = 0
+    usage_s: float = 0.0  # sum over steps of the pool's occupancy x the step's time
+    usage_max: float = 0.0
+
+    @property
+    def usage_mean(self) -> float:
+        return self.usage_s / self.busy_s if self.busy_s else 0.0
 
 
 def _tokens(seed: int, program: str, turn: int, what: str, n: int) -> list[int]:
@@ -106,18 +118,18 @@ class Simulation:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
-        turn = live.program.turns[live.turn]
-        xargs = {"continuum_tool": turn.tool} if turn.tool else {"continuum_last_turn": 1}
+        program, turn = live.program, live.program.turns[live.turn]
+        xargs = None if program.one_shot else continuum_hints(turn)
         params = SamplingParams(max_tokens=turn.output_tokens, ignore_eos=True, extra_args=xargs)
         params.update_from_generation_config({}, EOS_TOKEN_ID)
         return Request(
-            request_id=f"{live.program.id}/{live.turn}/{next(self._ids)}",
+            request_id=f"{program.id}/{live.turn}/{next(self._ids)}",
             prompt_token_ids=live.prompt,
             sampling_params=params,
             pooling_params=None,
             arrival_time=live.arrival,
             block_hasher=self._hasher,
-            session_id=live.program.id,
+            session_id=None if program.one_shot else program.id,
         )
 
     # ----------------------------------------------------------------- loop
@@ -165,6 +177,7 @@ class Simulation:
                     )
                 clock.now = max(clock.now, events[0][0])
                 continue
+            usage = s.kv_cache_manager.usage  # what this step holds, before finished requests free theirs
             for new in out.scheduled_new_reqs:
                 live = live_by_id[new.req_id]
                 if live.first_scheduled is None:
@@ -184,6 +197,8 @@ class Simulation:
             clock.now += dt
             stats.steps += 1
             stats.busy_s += dt
+            stats.usage_s += usage * dt
+            stats.usage_max = max(stats.usage_max, usage)
             stats.scheduled_tokens += out.total_num_scheduled_tokens
             stats.preemptions += len(getattr(out, "preempted_req_ids", ()) or ())
             runner_out = ModelRunnerOutput(
@@ -208,8 +223,7 @@ class Simulation:
                         del live_by_id[o.request_id]
                         self._turn_done(live, clock.now, prev_prompt, events, seq)
         self.result.duration_s = clock.now
-        self.result.programs.sort(key=lambda p: p.arrival_s)
-        self.result.turns.sort(key=lambda t: (t.program, t.turn))
+        self.result.sort()
         self.result.meta.update({
             "policy": self.policy,
             "settings": self.settings,
@@ -217,6 +231,8 @@ class Simulation:
             "stalls": stats.stalls,
             "busy_s": stats.busy_s,
             "preemptions": stats.preemptions,
+            "pool_usage_mean": stats.usage_mean,
+            "pool_usage_max": stats.usage_max,
         })
         cs = getattr(s, "continuum_stats", None)
         if cs is not None:
@@ -231,7 +247,7 @@ class Simulation:
     def _turn_done(self, live: _Live, now: float, prev_prompt: dict, events, seq) -> None:
         program, k = live.program, live.turn
         turn = program.turns[k]
-        self.result.turns.append(
+        self.result.record(
             TurnRecord(
                 program=program.id,
                 turn=k,
@@ -243,7 +259,8 @@ class Simulation:
                 cached_tokens=live.cached or 0,
                 output_tokens=len(live.output),
                 prev_prompt_tokens=prev_prompt.get(program.id, 0),
-            )
+            ),
+            program.one_shot,
         )
         if self._progress is not None:
             self._progress.update()
@@ -256,7 +273,7 @@ class Simulation:
             heapq.heappush(events, (arrival, next(seq), _Live(
                 program, k + 1, arrival, prompt,
                 _tokens(self.seed, program.id, k + 1, "out", nxt.output_tokens))))
-        else:
+        elif not program.one_shot:
             prev_prompt.pop(program.id, None)
             self.result.programs.append(
                 ProgramRecord(program.id, program.arrival_s, now, len(program.turns))

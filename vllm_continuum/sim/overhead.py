@@ -63,7 +63,7 @@ def run_overhead(
     med = {p: {k: statistics.median(v) for k, v in d.items()} for p, d in per.items()}
     ratios = {m: statistics.median(o / b for o, b in zip(per[ours][m], per[base][m])) for m in METRICS}
     lines = [
-        (f"schedule() + update_from_output() per step: {workload}, {len(trace)} programs, "
+        (f"schedule() + update_from_output() per step: {workload}, {len(trace.agents)} programs, "
          f"cost model {cost.name}; median of {repeats} alternating runs after a warm-up"),
         "",
         "| scheduler | steps | mean us/step (wall) | p99 us/step (wall) | mean us/step (CPU) | p99 us/step (CPU) |",

@@ -20,7 +20,15 @@ from tqdm import tqdm
 
 from vllm_continuum.bench.replay import RunResult
 from vllm_continuum.bench.report import COLUMNS as REPORT_COLUMNS
-from vllm_continuum.bench.report import markdown_table, plot_runs, save_figure, summarize, write_runs
+from vllm_continuum.bench.report import (
+    has_one_shot,
+    markdown_table,
+    plot_runs,
+    ratio,
+    save_figure,
+    summarize,
+    write_runs,
+)
 from vllm_continuum.bench.trace import Trace
 from vllm_continuum.bench.workload import load_trace, trace_for_run
 from vllm_continuum.sim.cost_model import CostModel, load_cost_model
@@ -69,6 +77,11 @@ def simulate(
     return result, sim
 
 
+def _one_shot_title(trace: Trace) -> str:
+    chat = trace.one_shots
+    return f"{len(chat)} one-shot requests at {trace.meta.get('one_shot_rate')} /s, " if chat else ""
+
+
 def _oracle_ratio(summaries: list[dict]) -> str:
     oracle = next((s for s in summaries if s["label"] == "oracle"), None)
     if oracle is None:
@@ -84,7 +97,8 @@ def _pin_lines(runs: Sequence[RunResult]) -> list[str]:
     lines = []
     for r in runs:
         cs = r.meta.get("continuum_stats")
-        extra = f"steps {r.meta['steps']}, preemptions {r.meta['preemptions']}"
+        extra = (f"steps {r.meta['steps']}, preemptions {r.meta['preemptions']}, KV pool used "
+                 f"{r.meta['pool_usage_mean']:.0%} on average (max {r.meta['pool_usage_max']:.0%})")
         if cs:
             pins = sum(cs["pins_by_tool"].values())
             extra += (f", pins {pins}, releases {cs['releases_by_reason']}, "
@@ -109,22 +123,32 @@ def sweep_points(
         for policy in policies:
             run, _ = simulate(trace, cost, policy, profile_path, desc=f"{over} {value} {policy}",
                               extra_settings=settings)
-            rows.append({over: value, **summarize(run)})
+            rows.append({over: value, **summarize(run), "pool_usage_mean": run.meta["pool_usage_mean"],
+                         "pool_usage_max": run.meta["pool_usage_max"]})
     base = {r[over]: r for r in rows if r["label"] == "stock"}
     oracle = {r[over]: r for r in rows if r["label"] == "oracle"}
+    one_shot = has_one_shot(rows)
     head = [f"{over}" + (" /s" if over == "rate" else ""), "policy", "mean JCT s", "p95 JCT s",
-            "programs/min", "reuse of prev prompt"]
+            "programs/min", "reuse of prev prompt", "KV pool used mean / max"]
+    if one_shot:
+        head += ["one-shot p99 TTFT s"]
     if base:
         head += ["stock / mean JCT", "stock / p95 JCT"]
+        head += ["one-shot p99 TTFT / stock's"] if one_shot else []
     if oracle:
         head += ["mean JCT / oracle"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [f"{r[over]:.3g}", r["label"], f"{r['jct_mean_s']:.2f}", f"{r['jct_p95_s']:.2f}",
-                 f"{r['throughput_programs_per_min']:.2f}", f"{r['reuse_of_prev_prompt']:.1%}"]
+                 f"{r['throughput_programs_per_min']:.2f}", f"{r['reuse_of_prev_prompt']:.1%}",
+                 f"{r['pool_usage_mean']:.0%} / {r['pool_usage_max']:.0%}"]
+        if one_shot:
+            cells += [f"{r['one_shot_ttft_p99_s']:.3f}"]
         if base:
             b = base[r[over]]
-            cells += [f"{b['jct_mean_s'] / r['jct_mean_s']:.2f}x", f"{b['jct_p95_s'] / r['jct_p95_s']:.2f}x"]
+            cells += [ratio(b["jct_mean_s"], r["jct_mean_s"]), ratio(b["jct_p95_s"], r["jct_p95_s"])]
+            if one_shot:
+                cells += [ratio(r["one_shot_ttft_p99_s"], b["one_shot_ttft_p99_s"])]
         if oracle:
             cells += [f"{r['jct_mean_s'] / oracle[r[over]]['jct_mean_s']:.3f}x"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -133,33 +157,55 @@ def sweep_points(
     return "\n".join(lines), rows
 
 
-def _stock_ratios(rows: list[dict]) -> tuple[list, dict[str, list[float]], dict]:
-    """Seeds, each policy's stock-mean-JCT / its own per seed (empty without
-    stock), and the mean JCTs by (seed, policy)."""
-    seeds = sorted({r["seed"] for r in rows if "seed" in r})
-    jct = {(r["seed"], r["label"]): r["jct_mean_s"] for r in rows if "seed" in r}
-    policies = list(dict.fromkeys(r["label"] for r in rows if "seed" in r))
-    with_stock = "stock" in policies
-    ratios = {p: [jct[(s, "stock")] / jct[(s, p)] for s in seeds] if with_stock else [] for p in policies}
-    return seeds, ratios, jct
+def _by_seed(rows: list[dict], key: str) -> tuple[list, list[str], dict]:
+    """Seeds, policies, and each row's `key` by (seed, policy)."""
+    rows = [r for r in rows if "seed" in r]
+    seeds = sorted({r["seed"] for r in rows})
+    policies = list(dict.fromkeys(r["label"] for r in rows))
+    return seeds, policies, {(r["seed"], r["label"]): r[key] for r in rows}
+
+
+def _stock_ratios(rows: list[dict], key: str = "jct_mean_s",
+                  over_stock: bool = False) -> dict[str, list[float]]:
+    """Each policy's ratio to stock per seed on `key` (empty without stock): stock's
+    over the policy's (a gain is above 1x), or with over_stock the policy's over
+    stock's (a cost is above 1x)."""
+    seeds, policies, value = _by_seed(rows, key)
+    if "stock" not in policies:
+        return {p: [] for p in policies}
+    pairs = {p: [(value[(s, p)], value[(s, "stock")]) for s in seeds] for p in policies}
+    return {p: [a / b if over_stock else b / a for a, b in ps] for p, ps in pairs.items()}
 
 
 def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def _spread(xs: list[float]) -> list[str]:
+    """Geometric mean, min, max: three table cells."""
+    lo, hi = (min(xs), max(xs)) if xs else (float("nan"),) * 2
+    return [f"{_geomean(xs):.3f}x", f"{lo:.2f}x", f"{hi:.2f}x"]
+
+
 def seed_summary(rows: list[dict]) -> list[str]:
     """Per policy over seeds: geometric mean, min and max of stock's mean JCT over
     the policy's, and in how many seeds the policy had the lowest mean JCT (ties count
-    for every policy tied)."""
-    seeds, ratios, jct = _stock_ratios(rows)
-    best = {s: min(jct[(s, p)] for p in ratios) for s in seeds}
-    lines = ["| policy | stock / mean JCT, geometric mean | min | max | lowest mean JCT in |",
-             "|---|---|---|---|---|"]
-    for p, rs in ratios.items():
+    for every policy tied); with one-shot traffic, the same spread of the policy's
+    one-shot p99 TTFT over stock's."""
+    seeds, policies, jct = _by_seed(rows, "jct_mean_s")
+    ratios = _stock_ratios(rows)
+    one_shot = _stock_ratios(rows, "one_shot_ttft_p99_s", over_stock=True) if has_one_shot(rows) else None
+    best = {s: min(jct[(s, p)] for p in policies) for s in seeds}
+    head = ["policy", "stock / mean JCT, geometric mean", "min", "max", "lowest mean JCT in"]
+    if one_shot:
+        head += ["one-shot p99 TTFT / stock's, geometric mean", "min", "max"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in policies:
         wins = sum(jct[(s, p)] <= best[s] * (1 + 1e-9) for s in seeds)
-        lo, hi = (min(rs), max(rs)) if rs else (float("nan"),) * 2
-        lines.append(f"| {p} | {_geomean(rs):.3f}x | {lo:.2f}x | {hi:.2f}x | {wins} of {len(seeds)} seeds |")
+        cells = [p, *_spread(ratios[p]), f"{wins} of {len(seeds)} seeds"]
+        if one_shot:
+            cells += _spread(one_shot[p])
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -193,7 +239,7 @@ def plot_seeds(rows: list[dict], out_dir: Path, title: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    _, ratios, _ = _stock_ratios(rows)
+    ratios = _stock_ratios(rows)
     policies = [p for p in ratios if p != "stock"]
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(policies), 4))
     for i, policy in enumerate(policies):
@@ -251,8 +297,8 @@ def run_sim(
     summaries = [summarize(r) for r in runs]
     table = markdown_table(summaries, baseline="stock" if "stock" in policies else None,
                            columns=SIM_COLUMNS)
-    title = (f"## {workload}, {len(trace)} programs, rate {trace.meta.get('arrival_rate')} /s, "
-             f"cost model {cost.name}")
+    title = (f"## {workload}, {len(trace.agents)} programs, rate {trace.meta.get('arrival_rate')} /s, "
+             f"{_one_shot_title(trace)}cost model {cost.name}")
     text = [title, "", table, _oracle_ratio(summaries), ""]
     text += _pin_lines(runs)
     sweep_rows: list[dict] = []

@@ -21,6 +21,7 @@ def new_scheduler(
     async_scheduling: bool = False,
     policy: str = "fcfs",
     log_stats: bool = False,
+    enable_prefix_caching: bool = True,
 ):
     import torch
     from vllm.config import (
@@ -47,7 +48,7 @@ def new_scheduler(
         policy=policy,
         is_encoder_decoder=False,
     )
-    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=True)
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     vllm_config = VllmConfig(
         model_config=model_config,
         scheduler_config=scheduler_config,
