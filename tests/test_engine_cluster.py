@@ -185,10 +185,10 @@ def test_consistent_hash_keeps_every_session_on_its_pin(cluster):
 
 
 def test_kv_aware_with_session_affinity_keeps_every_session_on_its_pin(cluster):
-    """kv_aware is fed by the instances' KV events (relayed to loopback TCP). It
-    scores only plain chat prompts: requests with tools fall back to its
-    non-affinity choice (measured: 15/24 turns kept, docs/scaling.md), so its
-    session affinity (an idle TTL above the pin TTL) is what keeps agents home."""
+    """kv_aware is fed by the instances' KV events (relayed to loopback TCP).
+    Untuned it kept 15/24 turns home (its scoring recomputes vLLM's block
+    hashes and skips requests with tools; docs/scaling.md), so its session
+    affinity (an idle TTL above the pin TTL) is what keeps agents home."""
     result, counts = run_behind(cluster, "kv_aware+affinity", "kv_aware",
                                 ["--kv-aware-session-affinity-ttl-secs", "120"])
     assert_affine(result, counts)
