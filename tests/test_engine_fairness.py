@@ -18,18 +18,21 @@ import time
 import httpx
 import pytest
 
+from vllm_continuum.config import ContinuumConfig
+
 pytestmark = pytest.mark.engine
 
 AGENTS = 4
 TURN_TOKENS = 24
 PAUSE_S = 0.3
-BIG_PROMPT = 600  # 38 of the 63 blocks
-BOUND_S = 2.0  # the default max_queue_delay_s, which the live server runs with
+BIG_PROMPT = 800  # 50 of the 63 blocks
+# The live server runs with the default waiting bound.
+BOUND_S = ContinuumConfig.model_fields["max_queue_delay_s"].default
 
 
 async def agent(client: httpx.AsyncClient, i: int, stop: asyncio.Event, latencies: list):
     rng = random.Random(i)
-    history = [rng.randrange(300, 2000) for _ in range(200)]
+    history = [rng.randrange(300, 2000) for _ in range(280)]
     while not stop.is_set():
         start = time.monotonic()
         r = await client.post("/v1/completions", json={

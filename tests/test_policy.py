@@ -18,6 +18,7 @@ from vllm_continuum.policy.pressure import blocks_freed, may_release_pins, pins_
 from vllm_continuum.policy.sessions import SessionRegistry
 from vllm_continuum.policy.tool_calls import tool_name_from_text
 from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
+from vllm_continuum.policy.waiting_bound import WaitingBound
 from vllm_continuum.policy.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
 from vllm_continuum.policy.workload import WorkloadModel
 
@@ -366,3 +367,55 @@ def test_a_prompt_anchors_all_but_its_last_full_block():
     assert Anchor.of_prompt(hashes, 3) == Anchor(2, "h2")
     assert Anchor.of_prompt(hashes, 1) == Anchor(1, "h1")
     assert Anchor.of_prompt(hashes, 0) is None
+
+
+# ------------------------------------------------------------- waiting bound
+def test_extra_wait_begins_when_a_later_arrival_goes_ahead():
+    bound = WaitingBound(max_delay_s=2.0)
+    # r1 enqueued at 1, r2 at 2. Admitting r0 (enqueued at 0.5) passes nobody.
+    bound.went_ahead(0.5, level=0, now=3.0)
+    assert bound.extra_since(1.0, 0) is None
+    # A turn enqueued at 1.5 goes first: r1 is passed at t=4, r2 is not.
+    bound.went_ahead(1.5, level=0, now=4.0)
+    assert bound.extra_since(1.0, 0) == 4.0 and bound.extra_since(2.0, 0) is None
+    assert not bound.overdue(1.0, 0, now=5.9) and bound.overdue(1.0, 0, now=6.0)
+    # Saturation alone (nobody later went ahead) never makes anyone overdue.
+    assert not bound.overdue(2.0, 0, now=1e6)
+    # Another priority level is another queue.
+    assert bound.extra_since(1.0, level=1) is None
+
+
+def test_pins_holding_the_head_back_start_the_clock_for_everyone_waiting():
+    bound = WaitingBound(max_delay_s=1.0)
+    bound.held_by_pins(level=0, now=10.0)
+    assert bound.extra_since(4.0, 0) == 10.0 and bound.extra_since(9.9, 0) == 10.0
+    assert bound.extra_since(10.5, 0) is None  # arrived after: its own wait is to come
+
+
+def test_pruned_marks_no_waiting_request_needs():
+    bound = WaitingBound(max_delay_s=1.0)
+    for t in range(1, 6):
+        bound.went_ahead(float(t), level=0, now=10.0 + t)
+    bound.prune(oldest_waiting=3.5)
+    assert bound.extra_since(3.5, 0) == 14.0  # the mark of enqueue time 4
+    assert len(bound._latest[0]) == 2
+
+
+def test_an_overdue_request_goes_first_behind_preempted_ones_only():
+    overdue: set[str] = set()
+    pinned = {"s"}
+    q = LaneQueue(
+        lane_of=lambda r: PREEMPTED if r.preempted else PINNED if r.session in pinned else REGULAR,
+        key_of=lambda r: (r.arrival, r.name),
+        session_of=lambda r: r.session,
+        enqueued_at=lambda r: r.arrival,
+        overdue=lambda r: r.name in overdue,
+    )
+    for r in [Req("old", 1), Req("turn", 3, "s"), Req("new", 2)]:
+        q.add_request(r)
+    assert [r.name for r in q] == ["turn", "old", "new"]
+    overdue.add("old")
+    assert q.peek_request().name == "old" and [r.name for r in q] == ["old", "turn", "new"]
+    q.prepend_request(Req("p", 9, preempted=True))
+    assert drain(q) == ["p", "old", "turn", "new"]
+    assert q.oldest_enqueued_at() is None

@@ -64,11 +64,12 @@ class ContinuumConfig(BaseSettings):
         "exactly stock vLLM).",
     )
     max_queue_delay_s: float = Field(
-        2.0,
+        1.0,
         ge=0,
-        description="Waiting bound: once a request has waited this long, no request that "
-        "arrived after it is admitted before it, and pins give way to it under either "
-        "pressure policy.",
+        description="Waiting bound: once our queue order or our pins have delayed a "
+        "request this long (from the first time a later arrival went ahead of it, or pins "
+        "held memory it needed), no later arrival is admitted before it and pins give way "
+        "to it under either pressure policy.",
     )
     max_pinned_fraction: float = Field(
         0.5, gt=0, le=1, description="Cap on pinned blocks as a fraction of the KV pool."

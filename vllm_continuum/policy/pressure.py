@@ -71,22 +71,31 @@ def pins_to_release(
     """The fewest leading candidates (in release order) that free `needed`
     blocks, then pruned of any whose release turns out unnecessary (most
     valuable first). [] if all of them together would not free enough.
-    `needed=None` (unknown): every candidate that frees something with the rest."""
+    `needed=None` (unknown): every candidate, if together they free anything.
+    Linear in the blocks the candidates hold."""
     if needed is None:
         return list(candidates) if blocks_freed(candidates, refs, keep) > 0 else []
     if needed <= 0:
         return []
+    held: Counter[int] = Counter()
+    freed = 0
     chosen: list = []
     for pin in candidates:
         chosen.append(pin)
-        if blocks_freed(chosen, refs, keep) >= needed:
+        for b in set(pin.block_ids):
+            held[b] += 1
+            if held[b] == refs(b) and b not in keep:
+                freed += 1  # its last reference goes
+        if freed >= needed:
             break
     else:
         return []
     for pin in reversed(chosen[:-1]):  # the last one was needed to reach the goal
-        rest = [p for p in chosen if p is not pin]
-        if blocks_freed(rest, refs, keep) >= needed:
-            chosen = rest
+        own = [b for b in set(pin.block_ids) if held[b] == refs(b) and b not in keep]
+        if freed - len(own) >= needed:
+            chosen.remove(pin)
+            held.subtract(set(pin.block_ids))
+            freed -= len(own)
     return chosen
 
 

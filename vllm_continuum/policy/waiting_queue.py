@@ -4,8 +4,8 @@ Order, within one priority level (`--scheduling-policy priority` keeps
 vLLM's priority first: the lanes only order requests of equal priority):
 
 1. preempted requests, front to back as vLLM puts them back (as stock);
-2. the oldest request that has waited `max_delay_s`: from then on no
-   request that arrived after it goes first (the waiting bound);
+2. the oldest waiting request, once it is overdue (`waiting_bound.py`):
+   from then on no request that arrived after it goes first;
 3. turns that continue a pinned context: their prefill is nearly free and
    admitting them lets the pin go (the paper's Algorithm 1);
 4. everything else by `key_of` (program-level FCFS: the program's first
@@ -13,8 +13,9 @@ vLLM's priority first: the lanes only order requests of equal priority):
 
 vLLM stops admitting at the first request that does not fit, so whatever
 is first blocks everything behind it: that is why an overdue request must
-be first, and why it must not wait long. Popping and re-adding a skipped
-request keeps its place (keys and enqueue times do not change).
+be first. Popping and re-adding a skipped request keeps its place (keys and
+enqueue times do not change). Of all waiting requests the oldest is always
+the first to be passed, so checking it alone finds any overdue one.
 
 It speaks vLLM's `RequestQueue` protocol by duck typing and knows requests
 only through the functions it is given, so it is tested without vLLM.
@@ -43,16 +44,14 @@ class LaneQueue(Generic[R]):
         session_of: Callable[[R], Hashable | None],
         *,
         enqueued_at: Callable[[R], float] = lambda r: 0.0,
-        now: Callable[[], float] = lambda: 0.0,
-        max_delay_s: float = float("inf"),
+        overdue: Callable[[R], bool] = lambda r: False,
         priority_of: Callable[[R], int] = lambda r: 0,
     ) -> None:
         self._lane_of = lane_of
         self._key_of = key_of
         self._session_of = session_of
         self._enqueued_at = enqueued_at
-        self._now = now
-        self.max_delay_s = max_delay_s
+        self._overdue = overdue
         self._priority_of = priority_of
         self._tokens = itertools.count()
         self._ends = itertools.count(1)  # preempted lane: prepend < 0 < append
@@ -120,8 +119,11 @@ class LaneQueue(Generic[R]):
             self._forget(request)
             self._insert(request, front=False)
 
-    def is_overdue(self, request: R) -> bool:
-        return self._now() - self._enqueued_at(request) >= self.max_delay_s
+    def oldest_enqueued_at(self) -> float | None:
+        """Enqueue time of the longest-waiting request that is not preempted."""
+        oldest = [self._oldest(priority) for priority in self._aging]
+        times = [self._enqueued_at(r) for r in oldest if r is not None]
+        return min(times) if times else None
 
     # --- internals ---------------------------------------------------------
     def _insert(self, request: R, front: bool) -> None:
@@ -167,14 +169,16 @@ class LaneQueue(Generic[R]):
                 return (top[0], self._members[id(overdue)][0], overdue)
         return top
 
-    def _overdue_head(self, priority: int) -> R | None:
-        """The oldest request of this priority level, if it waited the bound."""
+    def _oldest(self, priority: int) -> R | None:
         aging = self._aging.get(priority)
         while aging and not self._valid(aging[0][1], aging[0][2]):
             heapq.heappop(aging)
-        if aging and self._now() - aging[0][0] >= self.max_delay_s:
-            return aging[0][2]
-        return None
+        return aging[0][2] if aging else None
+
+    def _overdue_head(self, priority: int) -> R | None:
+        """The oldest request of this priority level, if it is overdue."""
+        oldest = self._oldest(priority)
+        return oldest if oldest is not None and self._overdue(oldest) else None
 
     def _compact(self) -> None:
         """Drop stale entries once they outnumber the live ones."""

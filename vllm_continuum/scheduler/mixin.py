@@ -42,6 +42,7 @@ from vllm_continuum.policy.pin_table import Anchor, Pin, PinTable, ReleaseReason
 from vllm_continuum.policy.pressure import may_release_pins, pins_to_release
 from vllm_continuum.policy.sessions import SessionRegistry
 from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
+from vllm_continuum.policy.waiting_bound import WaitingBound
 from vllm_continuum.policy.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
 from vllm_continuum.policy.workload import WorkloadModel
 from vllm_continuum.scheduler.blocks import BlockLedger
@@ -87,7 +88,7 @@ class _Turn:
     """What the scheduler keeps about a request until it is freed."""
 
     hints: Hints
-    enqueued_at: float  # scheduler clock: the waiting bound counts from here
+    enqueued_at: float  # scheduler clock: orders arrivals for the waiting bound
     program_arrival: float  # queue key: the program's first arrival if it continues it
     continues: bool = False  # its prompt continues its session's last turn
     first_turn: bool = False  # no turn of its session had ended before it
@@ -137,17 +138,18 @@ class ContinuumSchedulerMixin:
         self._hash_block_size = hash_block_size
         self._hashes_per_block = max(1, self.block_size // hash_block_size)
 
+        self._bound = WaitingBound(cfg.max_queue_delay_s)
+        by_priority = self.policy == SchedulingPolicy.PRIORITY
+        self._level = (lambda r: r.priority) if by_priority else (lambda r: 0)
         assert not self.waiting, "the waiting queue is replaced before any request"
         if cfg.queue_order == "program_fcfs":
-            by_priority = self.policy == SchedulingPolicy.PRIORITY
             self.waiting = LaneQueue(
                 lane_of=self._lane_of,
                 key_of=self._queue_key,
                 session_of=session_key,
                 enqueued_at=self._enqueued_at,
-                now=self.clock_now,
-                max_delay_s=cfg.max_queue_delay_s,
-                priority_of=(lambda r: r.priority) if by_priority else (lambda r: 0),
+                overdue=self._overdue,
+                priority_of=self._level,
             )
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins
@@ -163,9 +165,6 @@ class ContinuumSchedulerMixin:
             cfg.max_ttl_s,
             self._tool_calls.token_id,
         )
-
-    def clock_now(self) -> float:
-        return self.clock()  # `clock` may be replaced (simulator, tests): look it up each time
 
     # ------------------------------------------------------------------ hooks
     def add_request(self, request: Request) -> None:
@@ -189,6 +188,9 @@ class ContinuumSchedulerMixin:
             self._lane_changes.clear()
         for new_req in output.scheduled_new_reqs:
             self._on_admitted(new_req.req_id, new_req.num_computed_tokens)
+        if output.scheduled_new_reqs and isinstance(self.waiting, LaneQueue):
+            oldest = self.waiting.oldest_enqueued_at()
+            self._bound.prune(oldest if oldest is not None else self.clock())
         return output  # published after update_from_output, once per step
 
     def update_from_output(self, *args, **kwargs):
@@ -272,6 +274,8 @@ class ContinuumSchedulerMixin:
         if request is None:
             return
         turn = self._turns.get(request_id)
+        if turn is not None:
+            self._bound.went_ahead(turn.enqueued_at, self._level(request), self.clock())
         if turn is not None and turn.resuming is not None:
             had_pin, arrived = turn.resuming
             turn.resuming = None
@@ -300,12 +304,12 @@ class ContinuumSchedulerMixin:
         return PINNED if pinned is not None else REGULAR
 
     def _overdue(self, request: Request) -> bool:
-        """Waited the bound: pins give way to it under either pressure policy."""
+        """Its extra wait lasted the bound: it goes first, and pins give way to it."""
         turn = self._turns.get(request.request_id)
         return (
             turn is not None
             and request.status == RequestStatus.WAITING
-            and self.clock() - turn.enqueued_at >= self.continuum_config.max_queue_delay_s
+            and self._bound.overdue(turn.enqueued_at, self._level(request), self.clock())
         )
 
     # ------------------------------------------------------------ finish side
@@ -341,9 +345,12 @@ class ContinuumSchedulerMixin:
             return False
         if not self._pinning:
             return False
-        return self._pin(request, session, tool, hints)
+        program_arrival = turn.program_arrival if turn is not None else request.arrival_time
+        return self._pin(request, session, tool, hints, program_arrival)
 
-    def _pin(self, request: Request, session: str, tool: str, hints: Hints) -> bool:
+    def _pin(
+        self, request: Request, session: str, tool: str, hints: Hints, arrival: float
+    ) -> bool:
         blocks, fence = self._ledger.take(request)
         hashes = tuple(request.block_hashes)
         replaced, kept = self._within_session_quota(session, blocks, hashes)
@@ -363,7 +370,6 @@ class ContinuumSchedulerMixin:
                 "continuum: session=%s tool=%s ttl=%.3fs source=%s",
                 session, tool, ttl_s, decision.source,
             )
-        arrival = self.sessions.first_arrival(session, request.arrival_time)
         victims = self._room_under_cap(kept_ids, replaced, arrival) if ttl_s > 0 else None
         if victims is None:
             if ttl_s > 0:
@@ -485,6 +491,13 @@ class ContinuumSchedulerMixin:
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
         if blocks is not None or not self.pins:
             return blocks
+        ledger = self._ledger
+        hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
+        candidates = [p for p in self.pins.release_order() if ledger.can_give_back_now(p.fence)]
+        needed = ledger.shortfall(request, args, kwargs)
+        victims = pins_to_release(candidates, needed, ledger.ref_count, keep=ledger.block_ids(hit))
+        if not victims:
+            return None
         if not may_release_pins(
             self.continuum_config.pressure_policy,
             request.status == RequestStatus.RUNNING,
@@ -492,13 +505,8 @@ class ContinuumSchedulerMixin:
             preempted=request.status == RequestStatus.PREEMPTED,
             overdue=self._overdue(request),
         ):
-            return None
-        ledger = self._ledger
-        hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
-        candidates = [p for p in self.pins.release_order() if ledger.can_give_back_now(p.fence)]
-        needed = ledger.shortfall(request, args, kwargs)
-        victims = pins_to_release(candidates, needed, ledger.ref_count, keep=ledger.block_ids(hit))
-        if not victims:
+            # Pins could make room but are kept: everyone waiting waits for them.
+            self._bound.held_by_pins(self._level(request), self.clock())
             return None
         for pin in victims:
             self.pins.remove(pin)

@@ -1,0 +1,74 @@
+"""The waiting bound: how long our queue order and our pins may make a
+request wait beyond what stock vLLM would.
+
+A request's *extra wait* begins the first time either happens to it:
+
+- it is passed: a request that arrived after it (same priority level) is
+  admitted first. Stock vLLM's FCFS never does that, so from then on the
+  wait is ours. Requests that arrived earlier, or of better priority, going
+  first is stock behaviour and starts nothing.
+- it is held back by pins: the head of the queue could not be admitted,
+  pins could have made room, and the pressure policy (hold) kept them.
+  vLLM stops at the first request that does not fit, so every request
+  waiting then is held back with it: their extra wait begins too.
+
+Once its extra wait has lasted `max_delay_s`, the request is *overdue*: the
+queue puts it first (no later arrival passes it again) and pins give way to
+it under either pressure policy. A request that only waits because the
+server is saturated (everyone ahead of it arrived earlier) is never
+overdue: under load that is the same wait as on stock vLLM, and it must not
+switch the agents' ordering off for everyone.
+
+"First passed" is kept without touching every waiting request at each
+admission: admissions (and holds) only raise, per priority level, the latest
+enqueue time gone ahead so far (a monotone staircase of (time, enqueue time)
+marks), and a request was first passed at the first mark whose enqueue time
+is later than its own (a binary search). So the oldest waiting request is
+always the first to be overdue: the queue need only check it.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+
+class WaitingBound:
+    def __init__(self, max_delay_s: float) -> None:
+        self.max_delay_s = max_delay_s
+        # Per priority level: mark times, and the latest enqueue time admitted by then.
+        self._times: dict[int, list[float]] = {}
+        self._latest: dict[int, list[float]] = {}
+
+    def went_ahead(self, enqueued_at: float, level: int, now: float) -> None:
+        """A request enqueued at `enqueued_at` was admitted (or held at the
+        head): every waiting request of its level that arrived earlier is passed."""
+        latest = self._latest.setdefault(level, [])
+        if not latest or enqueued_at > latest[-1]:
+            latest.append(enqueued_at)
+            self._times.setdefault(level, []).append(now)
+
+    def held_by_pins(self, level: int, now: float) -> None:
+        """Pins kept memory the head of the queue needed: everyone waiting now
+        (enqueued before now, on the same clock) waits for them."""
+        self.went_ahead(now, level, now)
+
+    def extra_since(self, enqueued_at: float, level: int) -> float | None:
+        """When the extra wait of a request enqueued then began (None: none yet)."""
+        latest = self._latest.get(level)
+        if latest:
+            i = bisect.bisect_right(latest, enqueued_at)
+            if i < len(latest):
+                return self._times[level][i]
+        return None
+
+    def overdue(self, enqueued_at: float, level: int, now: float) -> bool:
+        since = self.extra_since(enqueued_at, level)
+        return since is not None and now - since >= self.max_delay_s
+
+    def prune(self, oldest_waiting: float) -> None:
+        """Drop marks no waiting request can be passed by (every waiting
+        request arrived at or after `oldest_waiting`): keeps them few."""
+        for level, latest in self._latest.items():
+            i = bisect.bisect_right(latest, oldest_waiting)
+            del latest[:i]
+            del self._times[level][:i]
