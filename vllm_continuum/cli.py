@@ -3,6 +3,7 @@
     vllm-continuum demo [--stock]      agent sessions through the agent service on continuum
     vllm-continuum pause-demo          one tool-call pause, stock vLLM and continuum side by side
     vllm-continuum serve MODEL [...]   `vllm serve MODEL --scheduler-cls continuum ...`, CPU build too
+    vllm-continuum cluster --instances N MODEL [...]   N continuum servers behind vllm-router
     vllm-continuum profile --url URL   measure prefill time vs context length (TTL model input)
     vllm-continuum tiny-model DIR      build the small random-weight test model
     vllm-continuum bench | compare | sim | overhead | workload | convert   the benchmarks
@@ -92,14 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.set_defaults(run=_profile)
 
+    from vllm_continuum.cluster import register as register_cluster
+
+    register_cluster(sub)
+
     from vllm_continuum.bench.cli import register as register_benchmarks
 
     register_benchmarks(sub)  # bench, compare, workload, convert, sim, overhead
 
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "serve":
+    if extra and args.command not in ("serve", "cluster"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "serve":
+    if args.command in ("serve", "cluster"):
         return args.run(args, extra)
     return args.run(args)
 

@@ -13,6 +13,9 @@ snapshot directory the engine core writes to, and the collector that serves
 `continuum_*` metrics on vLLM's own `/metrics`. The collector reports nothing
 unless a continuum engine core has written a snapshot, so vLLM's `/metrics`
 is unchanged for servers that do not use the continuum scheduler.
+
+And, in the front end of a data-parallel server, it keeps a session's turns
+on one DP rank (`vllm_continuum.dp_affinity`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,20 @@ def register() -> None:
 
     install()
     _register_scheduler_name()
+    _install_dp_affinity()
+
+
+def _install_dp_affinity() -> None:
+    try:
+        from vllm_continuum.dp_affinity import install
+
+        install()
+    except Exception as exc:  # noqa: BLE001  (never break vLLM for affinity)
+        import logging
+
+        logging.getLogger("vllm.continuum").warning(
+            "continuum: DP session affinity not installed (%r)", exc
+        )
 
 
 def _register_scheduler_name() -> None:
@@ -49,6 +66,8 @@ def resolve_scheduler_cls(async_scheduling: bool) -> type:
     from vllm_continuum.compat import check_vllm_version
 
     check_vllm_version()
+    from vllm_continuum.affinity import with_affinity_signal
     from vllm_continuum.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
 
-    return ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler
+    # The broken-affinity counter (vllm_continuum.affinity) rides in front.
+    return with_affinity_signal(ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler)

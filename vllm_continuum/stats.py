@@ -46,6 +46,9 @@ class ContinuumStats:
     resume_cached_tokens: int = 0
     invalid_hints: int = 0
     pins_refused_by_cap: int = 0
+    # Requests continuing a session whose earlier turn ran on another engine
+    # (vllm_continuum.affinity): a router broke the session's affinity.
+    affinity_misses: int = 0
     # Recent events, newest last (bounded: the oldest half goes when full).
     ttl_decisions: list[tuple[str, float, str]] = field(default_factory=list)
     tool_durations: list[tuple[str, float]] = field(default_factory=list)
@@ -107,6 +110,10 @@ class ContinuumStats:
         self.resume_cached_tokens += cached_tokens
         self._changes += 1
 
+    def on_affinity_miss(self) -> None:
+        self.affinity_misses += 1
+        self._changes += 1
+
     def on_invalid_hints(self, count: int) -> None:
         self.invalid_hints += count
         self._changes += 1
@@ -166,6 +173,7 @@ class ContinuumStats:
             "resume_cached_tokens": self.resume_cached_tokens,
             "invalid_hints": self.invalid_hints,
             "pins_refused": self.pins_refused_by_cap,
+            "affinity_misses": self.affinity_misses,
             "ttl_seconds": self.ttl_seconds.to_json(),
             "tool_duration_seconds": self.tool_duration_seconds.to_json(),
             "pin_held_seconds": self.pin_held_seconds.to_json(),

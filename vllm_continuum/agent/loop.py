@@ -1,8 +1,10 @@
 """The agent loop: one user turn = model call, tools, model call, ... answer.
 
-Every request of a session carries its id (vLLM's `session_id` body field),
-so the continuum scheduler can keep the session's KV blocks pinned while the
-tools run, and the step the loop knows is the last carries
+Every request of a session carries its id (vLLM's `session_id` body field,
+and the `X-Session-ID` header, which vLLM also reads and which routers such
+as vllm-router's `consistent_hash` policy hash to keep a session on one
+engine), so the continuum scheduler can keep the session's KV blocks pinned
+while the tools run, and the step the loop knows is the last carries
 `vllm_xargs.continuum_last_turn` so the server does not pin it. Both are
 plain request fields: stock vLLM serves them as usual, and for a server that
 rejects unknown fields the loop drops them once and goes on without.
@@ -16,6 +18,7 @@ in the session is lost and the history stays valid for the next request.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import logging
 import time
@@ -297,6 +300,8 @@ class AgentLoop:
             kwargs["temperature"] = cfg.temperature
         if cfg.seed is not None:
             kwargs["seed"] = cfg.seed
+        if cfg.session_hints:
+            kwargs["extra_headers"] = {SESSION_HEADER: session_header_value(session.id)}
         if not self._send_hints:
             return await self._request(kwargs, dict(cfg.extra_body))
         extra = dict(cfg.extra_body)
@@ -376,6 +381,19 @@ class AgentLoop:
             "".join(content) if content else None, calls, finish_reason, prompt, cached,
             completion, ttft, time.perf_counter() - started,
         )
+
+
+SESSION_HEADER = "X-Session-ID"
+_MAX_HEADER_ID = 256
+
+
+def session_header_value(session_id: str) -> str:
+    """The session id as an HTTP header value: as is if it is short printable
+    ASCII, else a stable digest (the body field still carries the real id,
+    and vLLM prefers the body; a router only needs a stable key)."""
+    if len(session_id) <= _MAX_HEADER_ID and session_id.isascii() and session_id.isprintable():
+        return session_id
+    return "sha256:" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _usage(usage: Any) -> tuple[int | None, int | None, int | None]:

@@ -61,6 +61,7 @@ class Totals:
         self.resume_cached_tokens = 0
         self.invalid_hints = 0
         self.pins_refused = 0
+        self.affinity_misses = 0
         self.histograms = {
             "ttl_seconds": Histogram(),
             "tool_duration_seconds": Histogram(),
@@ -77,6 +78,7 @@ class Totals:
         self.resume_cached_tokens += int(snap.get("resume_cached_tokens", 0))
         self.invalid_hints += int(snap.get("invalid_hints", 0))
         self.pins_refused += int(snap.get("pins_refused", 0))
+        self.affinity_misses += int(snap.get("affinity_misses", 0))
         for name, hist in self.histograms.items():
             for label, row in snap.get(name, {}).items():
                 mine = hist.series.setdefault(label, [0] * (len(BUCKETS) + 1) + [0.0])
@@ -85,7 +87,7 @@ class Totals:
         # Seconds since the snapshot was written (system-wide monotonic clock).
         age = now - float(snap.get("mono", now))
         idle = bool(snap.get("idle"))
-        for blocks, left_s, ttl_s, held in snap.get("pins", ()):
+        for blocks, left_s, ttl_s, held, *_ in snap.get("pins", ()):
             if idle and not held and age >= left_s + EXPIRY_GRACE_S:
                 self.releases_by_reason["expired"] += 1
                 self.histograms["pin_held_seconds"].observe("", max(0.0, ttl_s))
@@ -193,6 +195,12 @@ class ContinuumCollector:
         yield counter(
             "continuum_invalid_hints", "Per-request continuum hints ignored as invalid.",
             totals.invalid_hints,
+        )
+        yield counter(
+            "continuum_affinity_misses",
+            "Requests continuing a session whose earlier turn ran on another engine (its prompt "
+            "holds tool results this engine never saw the session produce): broken affinity.",
+            totals.affinity_misses,
         )
         yield counter(
             "continuum_pins_refused",

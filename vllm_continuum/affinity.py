@@ -1,0 +1,190 @@
+"""Broken session affinity, as one engine can see it.
+
+A pin lives in one engine. When a router sends a session's next turn to
+another engine, the pin is wasted (held until its TTL, never hit) and the
+turn prefills its whole history. No single engine sees the routing, but each
+can notice a turn that continues a conversation it did not serve:
+
+    a request of a session whose prompt holds more tool results than this
+    engine has seen the session produce.
+
+A tool result in the prompt (Hermes-style templates wrap each in a
+`<tool_response>` special token; configurable) means an earlier turn of the
+session ended in a tool call. If this engine has never seen the session, that
+earlier turn ran elsewhere. If it has, it knows the length of the last prompt
+it saw and how many tool calls that turn produced (`<tool_call>` tokens in
+its output); the next prompt extends that one, and more tool results in the
+appended part than calls made means turns ran elsewhere in between. Cost:
+one scan of the appended tokens per new request (of a new session: up to
+its first tool result). Each such request counts once as an affinity miss
+(`continuum_affinity_misses_total`).
+
+Why this signal: it needs nothing from the router or the client (no header,
+no shared state), costs one scan of the prompt's token ids per new request,
+and does not fire on the first turn of a session or on turns that continue
+here. The `<tool_call>` token itself is not usable on the prompt side: tool
+preambles of chat templates mention it (`... within <tool_call></tool_call>
+XML tags`), so it is in every prompt that offers tools. Limits: a model whose
+template has no tool-result token gives no signal (set
+`CONTINUUM_TOOL_RESULT_TOKEN` to its token); a client that trims the history
+(so the prompt no longer extends the previous one) is not judged; sessions
+forgotten by the bounded table look new (a miss may then be counted for a
+session idle that long).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+TOOL_RESULT_TOKEN = "<tool_response>"
+TOOL_CALL_TOKEN = "<tool_call>"
+
+
+def count_token(token_ids: Sequence[int], token_id: int | None) -> int:
+    """Occurrences of `token_id` (C speed on lists: ~0.1 ms per 100k tokens)."""
+    if token_id is None:
+        return 0
+    count = getattr(token_ids, "count", None)
+    return count(token_id) if count is not None else sum(1 for t in token_ids if t == token_id)
+
+
+def is_affinity_miss(new_results: int, seen: SeenTurn | None) -> bool:
+    """The rule above, on counts. `seen`: what this engine saw of the session;
+    `new_results`: tool results in the prompt past the last prompt it saw
+    (the whole prompt if it never saw the session)."""
+    if seen is None:
+        return new_results > 0
+    return new_results > max(seen.calls_in_output, 0)
+
+
+@dataclass
+class SeenTurn:
+    prompt_len: int  # tokens of the last prompt this engine saw (the next one extends it)
+    calls_in_output: int = 0  # tool calls in that turn's output (0 until it finishes)
+    request_id: str | None = None
+
+
+class AffinityMonitor:
+    """Per-engine memory of sessions (bounded, least recently seen dropped)."""
+
+    def __init__(
+        self,
+        result_token_id: int | None,
+        call_token_id: int | None,
+        on_miss: Callable[[], None] = lambda: None,
+        max_sessions: int = 100_000,
+    ) -> None:
+        self.result_token_id = result_token_id
+        self.call_token_id = call_token_id
+        self.on_miss = on_miss
+        self.max_sessions = max_sessions
+        self.misses = 0
+        self._seen: OrderedDict[str, SeenTurn] = OrderedDict()
+
+    @property
+    def active(self) -> bool:
+        return self.result_token_id is not None
+
+    def on_arrival(self, session: str | None, request_id: str, prompt_token_ids: Sequence[int]) -> bool:
+        """Record a new request; True if it is an affinity miss."""
+        if not session or not self.active:
+            return False
+        seen = self._seen.get(session)
+        if seen is None:  # any tool result at all (stops at the first)
+            new_results = int(self.result_token_id in prompt_token_ids)
+        else:  # only what was appended since (O(new tokens), not O(context))
+            new_results = count_token(prompt_token_ids[seen.prompt_len:], self.result_token_id)
+        miss = is_affinity_miss(new_results, seen)
+        self._seen[session] = SeenTurn(len(prompt_token_ids), 0, request_id)
+        self._seen.move_to_end(session)
+        while len(self._seen) > self.max_sessions:
+            self._seen.popitem(last=False)
+        if miss:
+            self.misses += 1
+            self.on_miss()
+        return miss
+
+    def on_finish(self, session: str | None, request_id: str, output_token_ids: Sequence[int]) -> None:
+        """Record how many tool calls a finished turn made (its next prompt holds their results)."""
+        seen = self._seen.get(session) if session else None
+        if seen is not None and seen.request_id == request_id:
+            seen.calls_in_output = count_token(output_token_ids, self.call_token_id)
+
+
+def token_id(tokenizer, token: str) -> int | None:
+    if tokenizer is None:
+        return None
+    try:
+        return tokenizer.get_vocab().get(token)
+    except Exception:  # noqa: BLE001  (a tokenizer quirk must not break the engine)
+        return None
+
+
+class AffinitySignalMixin:
+    """Feeds an `AffinityMonitor` from vLLM's scheduler hooks (`add_request`,
+    `_free_request_blocks` of a finished request); counts misses in
+    `self.continuum_stats`. Goes in front of the continuum scheduler classes
+    (see `vllm_continuum.plugin`)."""
+
+    def _affinity_monitor(self) -> AffinityMonitor:
+        monitor = getattr(self, "_continuum_affinity", None)
+        if monitor is None:
+            import os
+
+            tokenizer = getattr(getattr(self, "structured_output_manager", None), "tokenizer", None)
+            cfg = getattr(self, "continuum_config", None)
+            # A settings field if config.py grows one, else the environment.
+            marker = getattr(cfg, "tool_result_token", None) or os.environ.get(
+                "CONTINUUM_TOOL_RESULT_TOKEN", TOOL_RESULT_TOKEN)
+            call = getattr(cfg, "tool_call_token", TOOL_CALL_TOKEN)
+            stats = getattr(self, "continuum_stats", None)
+            monitor = AffinityMonitor(
+                token_id(tokenizer, marker),
+                token_id(tokenizer, call),
+                on_miss=stats.on_affinity_miss if stats is not None else (lambda: None),
+                max_sessions=getattr(
+                    getattr(self, "continuum_config", None), "max_tracked_sessions", 100_000
+                ),
+            )
+            self._continuum_affinity = monitor
+        return monitor
+
+    def add_request(self, request) -> None:
+        if request.request_id not in self.requests:
+            try:
+                self._affinity_monitor().on_arrival(
+                    _session(request), request.request_id, request.prompt_token_ids or ()
+                )
+            except Exception:  # noqa: BLE001  (a metric must never fail a request)
+                pass
+        super().add_request(request)
+
+    def _free_request_blocks(self, request) -> None:
+        if request.is_finished():
+            try:
+                self._affinity_monitor().on_finish(
+                    _session(request), request.request_id, request.output_token_ids
+                )
+            except Exception:  # noqa: BLE001
+                pass
+        super()._free_request_blocks(request)
+
+
+def _session(request) -> str | None:
+    from vllm_continuum.scheduler.mixin import session_key
+
+    return session_key(request)
+
+
+def with_affinity_signal(cls: type) -> type:
+    """`cls` with the affinity signal in front, same name (cached per class)."""
+    cached = _COMPOSED.get(cls)
+    if cached is None:
+        cached = type(cls.__name__, (AffinitySignalMixin, cls), {"__doc__": cls.__doc__})
+        _COMPOSED[cls] = cached
+    return cached
+
+
+_COMPOSED: dict[type, type] = {}

@@ -1,0 +1,354 @@
+"""`vllm-continuum cluster`: N continuum vLLM servers behind vLLM's router, on one machine.
+
+    vllm-continuum cluster --instances 2 MODEL [--policy consistent_hash] [-- VLLM FLAGS...]
+
+Starts N `vllm serve MODEL --scheduler-cls continuum` instances (ports
+`--base-port`, +1, ...), each publishing its KV cache events on a local
+ZMQ socket (for `--policy kv_aware`), then `vllm-router` (the vLLM
+project's router, `pip install 'vllm-continuum[cluster]'`) in front of
+them on `--port`. Prints every address, writes one log per process under
+`--log-dir`, and stops everything on Ctrl-C (or when any process dies).
+
+It is for trying the combination on one machine; in production, run the
+instances and the router the way your platform runs services (see
+docs/scaling.md). The router's `consistent_hash` and `kv_aware` policies
+both keep a session on one instance: the client sends the session id as
+the `X-Session-ID` header (our agent loop does), which is also the header
+vLLM itself reads as `session_id`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from vllm_continuum.server import VLLMServer, free_port
+
+ROUTER_POLICIES = ("consistent_hash", "kv_aware", "round_robin", "cache_aware", "power_of_two",
+                   "random", "sticky_least_loaded")
+SESSION_HEADER = "X-Session-ID"
+
+
+def kv_events_config(endpoint: str) -> str:
+    """vLLM's `--kv-events-config` for a ZMQ publisher at `endpoint`.
+
+    An `ipc://` endpoint binds a Unix socket: nothing listens on the network."""
+    return json.dumps(
+        {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": ""}
+    )
+
+
+def router_executable() -> str:
+    """The `vllm-router` console script installed beside this Python, or on PATH."""
+    beside = Path(sys.executable).with_name("vllm-router")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("vllm-router")
+    if found is None:
+        raise FileNotFoundError(
+            "vllm-router is not installed: pip install 'vllm-continuum[cluster]'"
+        )
+    return found
+
+
+class KVEventRelay:
+    """Re-publishes one instance's KV events on a loopback TCP port.
+
+    vLLM's ZMQ publisher binds only wildcard (`tcp://*:P`, every interface) or
+    `ipc://` endpoints, and vllm-router subscribes only to `tcp://HOST:PORT`.
+    So each instance publishes on a Unix socket and this relay (an XSUB/XPUB
+    proxy thread) serves it on `tcp://127.0.0.1:PORT`: nothing unauthenticated
+    listens beyond loopback."""
+
+    def __init__(self, source: str, port: int | None = None) -> None:
+        import threading
+
+        import zmq
+
+        self.source = source
+        self.port = port or free_port()
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self._ctx = zmq.Context()
+        self._xsub = self._ctx.socket(zmq.XSUB)
+        self._xsub.connect(source)
+        self._xpub = self._ctx.socket(zmq.XPUB)
+        self._xpub.bind(self.endpoint)
+        self._thread = threading.Thread(target=self._run, name="kv-event-relay", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import zmq
+
+        try:
+            zmq.proxy(self._xsub, self._xpub)
+        except zmq.ContextTerminated:
+            pass
+        except zmq.ZMQError:
+            pass
+
+    def close(self) -> None:
+        for sock in (self._xsub, self._xpub):
+            sock.close(linger=0)
+        self._ctx.term()
+
+
+class Instance(VLLMServer):
+    """One continuum server started through vLLM's own CLI (`vllm serve`)."""
+
+    served_model_name: str | None = None
+    kv_events_endpoint: str | None = None
+
+    @property
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "vllm_continuum.launch", "serve", self.model,
+               "--host", "127.0.0.1", "--port", str(self.port),
+               "--middleware", "vllm_continuum.instance_header.InstanceHeaderMiddleware",
+               "--middleware", "vllm_continuum.pins_endpoint.PinsEndpoint"]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
+        if self.kv_events_endpoint:
+            cmd += ["--kv-events-config", kv_events_config(self.kv_events_endpoint)]
+        return [*cmd, *self.args]
+
+
+@dataclass
+class Router:
+    """One `vllm-router` process in front of `worker_urls`."""
+
+    worker_urls: Sequence[str]
+    policy: str = "consistent_hash"
+    kv_event_sources: dict[str, str] = field(default_factory=dict)  # worker URL -> endpoint
+    kv_event_block_size: int | None = None
+    kv_event_model: str | None = None  # the model name clients send (kv_aware needs it)
+    extra_args: Sequence[str] = ()
+    port: int = field(default_factory=free_port)
+    log_path: Path | None = None
+    process: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def command(self) -> list[str]:
+        cmd = [router_executable(), "--host", "127.0.0.1", "--port", str(self.port),
+               "--policy", self.policy, "--worker-urls", *self.worker_urls,
+               # The router's own Prometheus endpoint defaults to a fixed port:
+               # give it a free one so that several routers can coexist.
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        if self.policy == "kv_aware":
+            for url, endpoint in self.kv_event_sources.items():
+                cmd += ["--kv-event-source", f"{url}={endpoint}"]
+            if self.kv_event_block_size:
+                cmd += ["--kv-event-block-size", str(self.kv_event_block_size)]
+            if self.kv_event_model:
+                cmd += ["--kv-event-model", self.kv_event_model]
+        return [*cmd, *self.extra_args]
+
+    def start(self) -> Router:
+        log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            self.command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = 120.0) -> Router:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                tail = Path(self.log_path).read_text(errors="replace")[-3000:] if self.log_path else ""
+                raise RuntimeError(f"vllm-router exited with {self.process.returncode}:\n{tail}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"vllm-router not ready after {timeout_s:.0f} s; log: {self.log_path}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@dataclass
+class Cluster:
+    """N continuum instances (each with a KV-event socket) and, on demand, a router."""
+
+    model: str
+    instances: int = 2
+    log_dir: Path = Path("runs/cluster")
+    vllm_args: Sequence[str] = ()
+    served_model_name: str | None = None
+    base_port: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    kv_events: bool = True
+    servers: list[Instance] = field(default_factory=list)
+    relays: list[KVEventRelay] = field(default_factory=list)
+    router: Router | None = None
+
+    def start_instances(self) -> Cluster:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(self.instances):
+            port = self.base_port + i if self.base_port else free_port()
+            server = Instance(
+                self.model, ["--scheduler-cls", "continuum", *self.vllm_args],
+                env={**self.env, "CONTINUUM_INSTANCE": f"instance-{i}"}, log_path=self.log_dir / f"instance-{i}.log", port=port,
+                name=f"instance-{i}",
+            )
+            server.served_model_name = self.served_model_name
+            if self.kv_events:
+                server.kv_events_endpoint = f"ipc://{self.log_dir.resolve()}/kv-events-{i}.sock"
+            self.servers.append(server.start())
+        for server in self.servers:
+            server.wait_ready(timeout_s=600)
+            if server.kv_events_endpoint:
+                self.relays.append(KVEventRelay(server.kv_events_endpoint))
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The model name clients send (vLLM's served name, else the model path)."""
+        return self.served_model_name or _flag(self.vllm_args, "--served-model-name") or self.model
+
+    @property
+    def kv_event_sources(self) -> dict[str, str]:
+        """Worker URL -> the loopback TCP endpoint of its KV events (the relay)."""
+        with_events = [s for s in self.servers if s.kv_events_endpoint]
+        return {s.base_url: r.endpoint for s, r in zip(with_events, self.relays)}
+
+    def start_router(self, policy: str, extra_args: Sequence[str] = (), port: int | None = None,
+                     block_size: int | None = None) -> Router:
+        self.stop_router()
+        router = Router(
+            [s.base_url for s in self.servers], policy, self.kv_event_sources,
+            kv_event_block_size=block_size, kv_event_model=self.model_name,
+            extra_args=extra_args,
+            log_path=self.log_dir / f"router-{policy}.log",
+            **({"port": port} if port else {}),
+        )
+        self.router = router.start().wait_ready()
+        return self.router
+
+    def stop_router(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+            self.router = None
+
+    def stop(self) -> None:
+        self.stop_router()
+        for server in self.servers:
+            server.stop()
+        for relay in self.relays:
+            relay.close()
+        self.relays.clear()
+
+    def __enter__(self) -> Cluster:
+        try:
+            return self.start_instances()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _flag(vllm_args: Sequence[str], name: str) -> str | None:
+    args = list(vllm_args)
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _block_size(vllm_args: Sequence[str]) -> int | None:
+    value = _flag(vllm_args, "--block-size")
+    return int(value) if value else None
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "cluster",
+        help="N continuum vLLM servers behind vllm-router on this machine (Ctrl-C stops all)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model")
+    p.add_argument("--instances", type=int, default=2)
+    p.add_argument("--policy", choices=ROUTER_POLICIES, default="consistent_hash",
+                   help="vllm-router policy (default: consistent_hash on X-Session-ID)")
+    p.add_argument("--port", type=int, default=8000, help="the router's port")
+    p.add_argument("--base-port", type=int, default=8100, help="instance i listens on this + i")
+    p.add_argument("--log-dir", type=Path, default=Path("runs/cluster"))
+    p.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                   help="extra vllm-router argument (repeat), e.g. --router-arg=--enable-program-scheduling")
+    p.add_argument("--no-kv-events", action="store_true",
+                   help="do not publish KV events (kv_aware needs them)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:
+    if args.instances < 1:
+        raise SystemExit("--instances must be at least 1")
+    if args.policy == "kv_aware" and args.no_kv_events:
+        raise SystemExit("--policy kv_aware needs the instances' KV events")
+    router_executable()  # fail before starting anything
+    cluster = Cluster(
+        args.model, args.instances, args.log_dir, list(vllm_args), base_port=args.base_port,
+        kv_events=not args.no_kv_events,
+    )
+    stop = {"now": False, "serving": False}
+
+    def on_signal(*_):
+        stop["now"] = True
+        if not stop["serving"]:  # still starting: interrupt the wait at once
+            raise KeyboardInterrupt
+
+    # Ctrl-C (SIGINT), a closed terminal (SIGHUP) and SIGTERM all stop everything;
+    # SIGINT is set explicitly because a shell starts background jobs with it ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        print(f"starting {args.instances} continuum instance(s); logs in {args.log_dir}/", flush=True)
+        cluster.start_instances()
+        for i, s in enumerate(cluster.servers):
+            kv = cluster.kv_event_sources.get(s.base_url)
+            kv = f"  KV events {kv}" if kv else ""
+            print(f"  instance {i}: {s.base_url}  (metrics {s.base_url}/metrics){kv}", flush=True)
+        router = cluster.start_router(args.policy, args.router_arg, port=args.port,
+                                      block_size=_block_size(vllm_args))
+        stop["serving"] = True
+        print(f"  router ({args.policy}): {router.base_url}/v1  log {router.log_path}", flush=True)
+        print("send the session id as the X-Session-ID header; Ctrl-C stops everything", flush=True)
+        while not stop["now"]:
+            for proc in [s.process for s in cluster.servers] + [router.process]:
+                if proc is not None and proc.poll() is not None:
+                    print(f"a process exited (code {proc.returncode}); stopping", flush=True)
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return 130 if not stop["serving"] else 0
+    finally:
+        print("stopping the router and the instances", flush=True)
+        cluster.stop()
+    return 0
