@@ -62,9 +62,13 @@ def simulate(
     time_scheduler: bool = False,
     extra_settings: dict[str, str] | None = None,
     desc: str = "",
+    instances: int = 1,
+    routing: str | None = None,
+    routing_options: dict | None = None,
 ) -> tuple[RunResult, Simulation]:
     """One policy on one trace. extra_settings: CONTINUUM_* fields (without the
-    prefix) for the continuum schedulers, e.g. {"COLD_START_SAMPLES": "20"}."""
+    prefix) for the continuum schedulers, e.g. {"COLD_START_SAMPLES": "20"};
+    instances, routing: that many engines behind that router (sim/routing.py)."""
     total = sum(len(p.turns) for p in trace)
     with tqdm(total=total, desc=desc or f"sim {policy}", unit="turn", disable=not progress,
               leave=False) as bar:
@@ -72,6 +76,7 @@ def simulate(
             trace, cost, policy, seed=seed,
             prefill_profile_path=str(profile_path) if profile_path else None,
             extra_settings=extra_settings, time_scheduler=time_scheduler, progress=bar,
+            instances=instances, routing=routing, routing_options=routing_options,
         )
         result = sim.run()
     return result, sim
