@@ -80,8 +80,9 @@ def cluster_table(rows: Sequence[dict]) -> str:
 
 
 def plot_cluster(rows: Sequence[dict], out_dir: Path, title: str = "") -> Path:
-    """Per routing, one bar per policy: mean JCT, reuse of the previous prompt, and
-    the busiest instance's busy time over the mean."""
+    """Per routing, one bar per policy: mean JCT, stock's mean JCT over the policy's
+    (the policy's gain under that router), reuse of the previous prompt, and the
+    busiest instance's busy time over the mean."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,10 +91,13 @@ def plot_cluster(rows: Sequence[dict], out_dir: Path, title: str = "") -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     routings = list(dict.fromkeys(r["routing"] for r in rows))
     policies = list(dict.fromkeys(r["policy"] for r in rows))
-    value = {(r["routing"], r["policy"]): r for r in rows}
+    stock = {r["routing"]: r["jct_mean_s"] for r in rows if r["policy"] == "stock"}
+    value = {(r["routing"], r["policy"]): {**r, "gain": stock.get(r["routing"], 0.0) / r["jct_mean_s"]}
+             for r in rows}
     width = 0.8 / len(policies)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    panels = (("jct_mean_s", "mean JCT (s)", 1.0), ("reuse_of_prev_prompt", "reuse of previous prompt (%)", 100.0),
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
+    panels = (("jct_mean_s", "mean JCT (s)", 1.0), ("gain", "stock mean JCT / policy's", 1.0),
+              ("reuse_of_prev_prompt", "reuse of previous prompt (%)", 100.0),
               ("busy_max_over_mean", "busiest instance's busy time / mean", 1.0))
     for ax, (key, ylabel, scale) in zip(axes, panels):
         for j, policy in enumerate(policies):
@@ -103,7 +107,8 @@ def plot_cluster(rows: Sequence[dict], out_dir: Path, title: str = "") -> Path:
         ax.set_xticks(range(len(routings)), [rt.replace("_", "\n", 1) for rt in routings], fontsize=8)
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", alpha=0.3)
-    axes[2].axhline(1.0, color="grey", lw=1, ls="--")
+    for ax in axes[1], axes[3]:
+        ax.axhline(1.0, color="grey", lw=1, ls="--")
     axes[0].legend()
     fig.suptitle(title, fontsize=10)
     return save_figure(fig, out_dir / "cluster_routing.png")
