@@ -26,7 +26,7 @@ from vllm_continuum.bench.report import plot_runs, ratio, save_figure, summarize
 from vllm_continuum.bench.workload import trace_for_run
 from vllm_continuum.sim.cost_model import load_cost_model
 from vllm_continuum.sim.routing import ROUTINGS
-from vllm_continuum.sim.run import _pin_lines, prepare_profile, simulate
+from vllm_continuum.sim.run import pin_lines, prepare_profile, simulate
 
 
 def _max_over_mean(values: Sequence[float]) -> float:
@@ -158,7 +158,7 @@ def run_cluster(
     title = (f"{workload}, {len(trace.agents)} programs, rate {trace.meta.get('arrival_rate')} /s, "
              f"{instances} instances of cost model {cost.name}")
     text = [f"## {title}", "", cluster_table(rows), ""]
-    text += _pin_lines(runs)
+    text += pin_lines(runs)
     elapsed = time.perf_counter() - started
     text += ["", "wall time per run: " + ", ".join(f"{k} {v:.0f} s" for k, v in walls.items()),
              f"total wall time: {elapsed:.0f} s", f"reproduce: {command or 'vllm-continuum sim'}"]

@@ -98,7 +98,7 @@ def _oracle_ratio(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _pin_lines(runs: Sequence[RunResult]) -> list[str]:
+def pin_lines(runs: Sequence[RunResult]) -> list[str]:
     lines = []
     for r in runs:
         cs = r.meta.get("continuum_stats")
@@ -305,7 +305,7 @@ def run_sim(
     title = (f"## {workload}, {len(trace.agents)} programs, rate {trace.meta.get('arrival_rate')} /s, "
              f"{_one_shot_title(trace)}cost model {cost.name}")
     text = [title, "", table, _oracle_ratio(summaries), ""]
-    text += _pin_lines(runs)
+    text += pin_lines(runs)
     sweep_rows: list[dict] = []
     if sweep is not None:
         rates = list(sweep) or list(DEFAULT_SWEEP)
