@@ -238,3 +238,196 @@ def test_tiny_case_step_by_step(policy, profile_path):
     assert run.meta["pool_usage_max"] == pytest.approx(used[-1])
     assert run.meta["pool_usage_mean"] == pytest.approx(
         (used[0] * 0.132 + used[1] * 0.101 + used[2] * 0.118) / (0.132 + 0.101 + 0.118))
+
+
+# ------------------------------------------------------------ several instances
+def _ring_owner(key: str, num_instances: int, vnodes: int) -> int:
+    """The ring's rule, written out: instance i owns the points blake2b-64 of
+    "instance-i#v"; a key goes to the owner of the first point at or after its own."""
+    import hashlib
+
+    def h(s: str) -> int:
+        return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big")
+
+    points = sorted((h(f"instance-{i}#{v}"), i) for i in range(num_instances) for v in range(vnodes))
+    return next((i for p, i in points if p >= h(key)), points[0][1])
+
+
+class _View:
+    """What a router sees of an instance, set by hand."""
+
+    def __init__(self, load: int, hits: dict[str, int] | None = None) -> None:
+        self.load = load
+        self.hits = hits or {}
+
+    def cached_tokens(self, request) -> int:
+        return self.hits.get(request.session_id, 0)
+
+
+def _req(session: str | None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(session_id=session)
+
+
+def test_hash_ring_by_hand():
+    from vllm_continuum.sim.routing import HashRing
+
+    keys = [f"session-{k}" for k in range(40)]
+    for n, vnodes in ((2, 1), (3, 5), (8, 100)):
+        ring = HashRing(n, vnodes)
+        for key in keys:
+            walk = list(ring.walk(key))
+            assert walk[0] == _ring_owner(key, n, vnodes), (n, vnodes, key)
+            assert sorted(walk) == list(range(n))  # the walk visits every instance once
+    # Both instances own keys (with one point each they may split unevenly, not all-or-nothing).
+    owners = {_ring_owner(k, 2, 1) for k in keys}
+    assert owners == {0, 1}
+
+
+def test_routers_by_hand():
+    from vllm_continuum.sim.routing import make_router
+
+    rr = make_router("round_robin", 2)
+    assert [rr.route(_req("a"), [_View(5), _View(0)]) for _ in range(4)] == [0, 1, 0, 1]
+
+    ll = make_router("least_loaded", 2)
+    assert ll.route(_req("a"), [_View(2), _View(1)]) == 1
+    assert ll.route(_req("a"), [_View(1), _View(1)]) == 0  # tie: the lowest index
+
+    ca = make_router("cache_aware", 2)
+    assert ca.route(_req("a"), [_View(0), _View(5, {"a": 32})]) == 1  # the hit wins over load
+    assert ca.route(_req("a"), [_View(3, {"a": 16}), _View(2, {"a": 16})]) == 1  # tie: less loaded
+    assert ca.route(_req("a"), [_View(0), _View(0)]) == 0  # cold prompt, equal loads
+
+    ch = make_router("consistent_hash", 2)
+    home = _ring_owner("a", 2, 100)
+    loads = [0, 0]
+    loads[home] = 50
+    assert ch.route(_req("a"), [_View(x) for x in loads]) == home  # whatever its load
+    # Requests without a session go round robin.
+    assert [ch.route(_req(None), [_View(0), _View(0)]) for _ in range(3)] == [0, 1, 0]
+
+    # Bounded (eps 0.25): the cap is ceil(1.25 x (total load + 1) / 2).
+    bounded = make_router("consistent_hash_bounded", 2)
+    away = 1 - home
+    for home_load, away_load, expected in (
+        (1, 1, home),  # cap ceil(1.875) = 2: home (1) is under it
+        (2, 0, away),  # cap 2: home is at it, the next on the ring takes it
+        (3, 0, away),  # cap ceil(2.5) = 3
+        (3, 3, home),  # cap ceil(4.375) = 5
+    ):
+        loads = [0, 0]
+        loads[home], loads[away] = home_load, away_load
+        assert bounded.route(_req("a"), [_View(x) for x in loads]) == expected, (home_load, away_load)
+    with pytest.raises(ValueError):
+        make_router("random", 2)
+
+
+def _three_programs():
+    """Two turns each (32 prompt + 2 output tokens, a 1 s tool, then 16 new + 1 output),
+    arriving at 0, 0.05 and 0.1 s."""
+    from vllm_continuum.bench.trace import Program, Trace, Turn
+
+    return Trace([Program(pid, t, (Turn(32, 2, "t", 1.0), Turn(16, 1)))
+                  for pid, t in (("a", 0.0), ("b", 0.05), ("c", 0.1))])
+
+
+@pytest.mark.parametrize("policy", ["stock", "forever"])
+def test_two_instances_by_hand(policy, profile_path, tmp_path):
+    """Two instances, step = 0.1 s + 1 ms per token, worked out by hand.
+    The ring (_ring_owner) puts sessions a and c on instance 1, b on instance 0.
+    Under every router a0 and c0 share an instance, b0 has the other:
+      0.00  a0 arrives: prefill [0, 0.132]; c0 (0.10) waits for that step's end,
+            then a0's last decode + c0's prefill [0.132, 0.265], c0's decode [0.265, 0.366]
+      0.05  b0 arrives: [0.05, 0.182], [0.182, 0.283]
+    so the second turns arrive 1 s after: a1 1.265, b1 1.283, c1 1.366 (prompt 50
+    tokens, 32 of them cached where the first turn ran, none elsewhere).
+      round_robin:  a0 0, b0 1, c0 0, a1 1, b1 0, c1 1: every second turn moves
+      least_loaded: a0 0 (tie), b0 1 (0 busy), c0 0 (1-1 tie); a1 0 (all idle),
+                    b1 1 (a1 on 0), c1 0 (a1, b1 in flight: tie): by luck, all stay
+      cache_aware:  first turns as least_loaded; each second turn where its 32 tokens are
+      consistent_hash: each session on its owner; bounded: the same, as no instance
+                    reaches the cap (c0: loads 1, 1, cap ceil(1.25 x 3 / 2) = 2)
+    `forever` pins every first turn until its next turn: a pin is reached exactly
+    when the second turn stays."""
+    cost = SMALL.model_copy(update={"linear": Linear(step_s=0.1, per_token_s=1e-3, per_pair_s=0.0)})
+    trace = _three_programs()
+    hashed = {p: _ring_owner(p, 2, 100) for p in "abc"}
+    assert hashed == {"a": 1, "b": 0, "c": 1}
+    from vllm_continuum.sim.cluster import cluster_row, cluster_table, plot_cluster
+
+    rows = []
+    expected = {
+        "round_robin": {"a": (0, 1), "b": (1, 0), "c": (0, 1)},
+        "least_loaded": {"a": (0, 0), "b": (1, 1), "c": (0, 0)},
+        "cache_aware": {"a": (0, 0), "b": (1, 1), "c": (0, 0)},
+        "consistent_hash": {p: (i, i) for p, i in hashed.items()},
+        "consistent_hash_bounded": {p: (i, i) for p, i in hashed.items()},
+    }
+    for routing, where in expected.items():
+        sim = Simulation(trace, cost, policy, prefill_profile_path=profile_path,
+                         instances=2, routing=routing)
+        run = sim.run()
+        assert {p: (sim.placements[(p, 0)], sim.placements[(p, 1)]) for p in "abc"} == where, routing
+        times = {(t.program, t.turn): round(t.sent_s, 3) for t in run.turns}
+        assert times == {("a", 0): 0.0, ("b", 0): 0.05, ("c", 0): 0.1,
+                         ("a", 1): 1.265, ("b", 1): 1.283, ("c", 1): 1.366}, routing
+        for t in run.turns:
+            if t.turn == 1:
+                stays = where[t.program][0] == where[t.program][1]
+                assert (t.prompt_tokens, t.cached_tokens) == (50, 32 if stays else 0), (routing, t)
+        c = run.meta["cluster"]
+        stayed = sum(a == b for a, b in where.values())
+        assert c["routed"] == [sum(x.count(i) for x in where.values()) for i in (0, 1)]
+        assert (c["pinned_turns"], c["reached_pin"]) == ((3, stayed) if policy == "forever" else (0, 0))
+        assert len(run.programs) == 3 and len(run.turns) == 6
+        rows.append(cluster_row(run, routing, policy))
+        assert rows[-1]["same_instance_share"] == pytest.approx(stayed / 3)
+        assert rows[-1]["routed_max_over_mean"] == pytest.approx(max(c["routed"]) / 3)
+    table = cluster_table(rows).splitlines()
+    assert len(table) == 2 + len(expected) and table[2].startswith(f"| round_robin | {policy} |")
+    assert plot_cluster(rows, tmp_path).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("routing", ["round_robin", "cache_aware"])
+def test_one_instance_behind_a_router_changes_nothing(routing, trace, profile_path):
+    """The router's look at the prefix cache (cache_aware) allocates nothing and
+    touches nothing: one instance behind it runs exactly as one alone."""
+    alone = Simulation(trace, SMALL, "continuum", prefill_profile_path=profile_path).run().to_json()
+    routed = Simulation(trace, SMALL, "continuum", prefill_profile_path=profile_path,
+                        instances=1, routing=routing).run().to_json()
+    assert routed["meta"].pop("cluster")["routed"] == [sum(len(p.turns) for p in trace)]
+    assert routed == alone
+
+
+@pytest.mark.parametrize("policy", ["stock", "continuum", "forever"])
+def test_multi_instance_run_completes_every_turn(policy, trace, profile_path):
+    """Three instances under memory pressure, every router: every turn is served,
+    consistent hashing keeps each session on its ring owner, and (with `forever`,
+    whose pins never expire) an instance counts a resumed turn as pinned exactly
+    when the router sent it to the instance holding its pin."""
+    from vllm_continuum.sim.routing import ROUTINGS
+
+    n_turns = sum(len(p.turns) for p in trace)
+    for routing in ROUTINGS:
+        sim = Simulation(trace, SMALL, policy, prefill_profile_path=profile_path,
+                         instances=3, routing=routing)
+        run = sim.run()
+        assert len(run.programs) == len(trace) and len(run.turns) == n_turns, routing
+        for t in run.turns:
+            assert 0 <= t.cached_tokens <= t.prompt_tokens and 0 < t.ttft_s <= t.latency_s
+        c = run.meta["cluster"]
+        assert sum(c["routed"]) == n_turns and len(sim.placements) == n_turns
+        assert sum(c["busy_s"]) == pytest.approx(run.meta["busy_s"])
+        if routing == "consistent_hash":
+            for p in trace:
+                assert {sim.placements[(p.id, k)] for k in range(len(p.turns))} == {
+                    _ring_owner(p.id, 3, 100)}, p.id
+        if policy == "forever":
+            assert c["pinned_turns"] > 0
+            assert run.meta["continuum_stats"]["resumes_by_outcome"].get("pinned", 0) == c["reached_pin"]
+            if routing == "round_robin":
+                assert c["reached_pin"] < c["pinned_turns"]  # about 1 in 3 comes back
+        elif policy == "stock":
+            assert c["pinned_turns"] == 0

@@ -4,7 +4,7 @@
     compare    start stock vLLM and continuum one after the other, same trace; ratios
     workload   write a workload's trace (JSONL) and print its statistics
     convert    recorded agent transcripts (mini-swe-agent, OpenAI messages) to a trace
-    sim        paper-scale simulation driving the real schedulers (sim/)
+    sim        paper-scale simulation driving the real schedulers (sim/), one engine or N behind a router
     overhead   schedule() + update_from_output() time per step, ours vs stock
 
 to an argparse subparsers object (vllm_continuum/cli.py wires it in), and
@@ -73,11 +73,24 @@ def _convert(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from vllm_continuum.sim.run import run_sim
 
+    settings = dict(kv.split("=", 1) for kv in args.set)
+    if args.instances > 1 or args.routing:
+        from vllm_continuum.sim.cluster import run_cluster
+        from vllm_continuum.sim.routing import ROUTINGS
+
+        if args.sweep is not None or args.seeds:
+            raise SystemExit("sim: --instances/--routing runs one trace: no --sweep or --seeds")
+        return run_cluster(
+            args.workload, args.cost_model, args.out, instances=args.instances,
+            routings=args.routing or ROUTINGS, policies=args.policies, num_programs=args.programs,
+            rate=args.rate, seed=args.seed, settings=settings,
+            routing_options={"eps": args.bounded_eps}, command=_command_line(),
+        )
     return run_sim(
         workload=args.workload, cost_model=args.cost_model, out_dir=args.out,
         policies=args.policies, num_programs=args.programs, rate=args.rate, seed=args.seed,
         sweep=args.sweep, sweep_programs=args.sweep_programs, seeds=args.seeds,
-        settings=dict(kv.split("=", 1) for kv in args.set), command=_command_line(),
+        settings=settings, command=_command_line(),
     )
 
 
@@ -109,6 +122,7 @@ def _workload_args(p: argparse.ArgumentParser, default: str) -> None:
 
 def register(subparsers) -> None:
     from vllm_continuum.bench.compare import FLAVOURS
+    from vllm_continuum.sim.routing import BOUNDED_EPS, ROUTINGS
 
     p = subparsers.add_parser("bench", help="replay an agent workload against a running server")
     p.add_argument("--url", default="http://127.0.0.1:8000")
@@ -170,6 +184,14 @@ def register(subparsers) -> None:
                         "summarize the ratios over them")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a continuum setting for the continuum schedulers, e.g. COLD_START_SAMPLES=20")
+    p.add_argument("--instances", type=int, default=1,
+                   help="simulate this many engines (each a real scheduler) behind a router")
+    p.add_argument("--routing", nargs="+", choices=ROUTINGS, metavar="ROUTING",
+                   help=f"{', '.join(ROUTINGS)}: the router(s) in front of the instances, each run with every policy "
+                        "(default with --instances > 1: all of them); see sim/routing.py")
+    p.add_argument("--bounded-eps", type=float, default=BOUNDED_EPS,
+                   help="consistent_hash_bounded: no instance takes a request at ceil((1 + eps) x "
+                        "the mean load)")
     p.add_argument("--out", type=Path, default=Path("runs/sim"))
     p.set_defaults(run=_sim)
 

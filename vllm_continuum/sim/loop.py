@@ -1,13 +1,20 @@
-"""The discrete-event simulation: a trace, a scheduler, a cost model, a clock.
+"""The discrete-event simulation: a trace, N engines behind a router, a cost model, a clock.
 
 Events are turn arrivals (a program's first turn at its arrival time, each
-later turn when the previous turn's tool returns). The engine loop mirrors
-vLLM's engine core: between steps it adds the requests that arrived, then
-one step is `schedule()`, a synthetic model output (each request whose
-prefill is complete samples the next token of its scripted output), and
-`update_from_output()`. The step's length comes from the cost model; the
-simulated clock advances by it, and the scheduler reads that clock. Wall
-time is never read (except, optionally, to time the scheduler calls).
+later turn when the previous turn's tool returns). Each engine (instance.py)
+mirrors vLLM's engine core: between steps it adds the requests routed to it
+that arrived, then one step is `schedule()`, a synthetic model output (each
+request whose prefill is complete samples the next token of its scripted
+output), and `update_from_output()`. The step's length comes from the cost
+model; the engine's `update_from_output()` runs when the simulated clock
+reaches the step's end, and every scheduler reads that clock. Wall time is
+never read (except, optionally, to time the scheduler calls).
+
+With one engine (the default) this is the single-server simulation; with N,
+a router (routing.py) picks each arriving request's engine, and the engines
+step concurrently on the shared clock: at each moment, steps that end
+finish first (in instance order), then arrivals are routed, then every
+engine without a step in flight starts one.
 
 Prompts are token ids that grow as an agent's history does: turn k+1's
 prompt is turn k's prompt, turn k's output tokens (the simulated model emits
@@ -20,6 +27,9 @@ are recorded apart from the agents (`RunResult.one_shot`).
 Beside the records, the loop measures the KV pool's occupancy (the fraction
 of blocks referenced, as vLLM's `kv_cache_usage_perc` gauge, once the step is
 scheduled) weighted by step time: how much pressure a load puts on the pool.
+With a router it also records where each turn went and, for continuum, how
+many resumed turns reached the engine holding their session's pin
+(`RunResult.meta["cluster"]`).
 """
 
 from __future__ import annotations
@@ -28,15 +38,19 @@ import heapq
 import itertools
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vllm_continuum.bench.replay import ProgramRecord, RunResult, TurnRecord, continuum_hints
 from vllm_continuum.bench.trace import Program, Trace
 from vllm_continuum.sim.cost_model import CostModel
 from vllm_continuum.sim.engine import SimClock, build_scheduler
+from vllm_continuum.sim.instance import Instance, SimStats, Step
+from vllm_continuum.sim.routing import make_router
 
 EOS_TOKEN_ID = 0
 TOKEN_RANGE = (100, 2300)  # ordinary tokens of the tiny tokenizer (no EOS, no <tool_call>)
+
+__all__ = ["EOS_TOKEN_ID", "SimStats", "Simulation"]
 
 
 @dataclass
@@ -51,27 +65,17 @@ class _Live:
     cached: int | None = None
 
 
-@dataclass
-class SimStats:
-    steps: int = 0
-    idle_jumps: int = 0
-    stalls: int = 0  # schedule() returned nothing while work was queued
-    scheduled_tokens: int = 0
-    busy_s: float = 0.0
-    scheduler_wall_s: list[float] = field(default_factory=list)  # per step, if timed
-    scheduler_cpu_s: list[float] = field(default_factory=list)  # this thread's CPU time, per step
-    preemptions: int = 0
-    usage_s: float = 0.0  # sum over steps of the pool's occupancy x the step's time
-    usage_max: float = 0.0
-
-    @property
-    def usage_mean(self) -> float:
-        return self.usage_s / self.busy_s if self.busy_s else 0.0
-
-
 def _tokens(seed: int, program: str, turn: int, what: str, n: int) -> list[int]:
     rng = random.Random(f"{seed}/{program}/{turn}/{what}")
     return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
+
+
+def _merge_counts(dicts) -> dict:
+    out: dict = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
 
 
 class Simulation:
@@ -86,32 +90,56 @@ class Simulation:
         extra_settings: dict[str, str] | None = None,
         time_scheduler: bool = False,
         progress=None,
+        instances: int = 1,
+        routing: str | None = None,
+        routing_options: dict | None = None,
     ) -> None:
+        """instances > 1 needs a routing (routing.py); a routing with one instance
+        is allowed (it records where turns went, trivially)."""
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
+        if instances < 1 or (instances > 1 and routing is None):
+            raise ValueError(f"{instances} instances need a routing")
         self.trace = trace
         self.cost = cost
         self.policy = policy
         self.seed = seed
         self.clock = SimClock(0.0)
         self._next_tool_s: dict[str, float] = {}
-        built = build_scheduler(
-            policy, cost, self.clock,
-            prefill_profile_path=prefill_profile_path,
-            extra_settings=extra_settings,
-            oracle_durations=self._next_tool_s.get,
-        )
-        self.scheduler = built.scheduler
-        self.settings = built.settings
+        built = [
+            build_scheduler(
+                policy, cost, self.clock,
+                prefill_profile_path=prefill_profile_path,
+                extra_settings=extra_settings,
+                oracle_durations=self._next_tool_s.get,
+            )
+            for _ in range(instances)
+        ]
+        self.instances = [Instance(i, b.scheduler) for i, b in enumerate(built)]
+        self.settings = built[0].settings
+        self.router = make_router(routing, instances, **(routing_options or {})) if routing else None
         hash_fn = get_hash_fn_by_name("sha256")
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(cost.block_size, hash_fn)
         self._time_scheduler = time_scheduler
         self._progress = progress
         self._ids = itertools.count()
-        self.stats = SimStats()
+        self._idle_jumps = 0
+        self.placements: dict[tuple[str, int], int] = {}  # (program, turn) -> instance
+        self.pinned_turns = 0  # resumed turns whose pin some instance held at arrival
+        self.reached_pin = 0  # ... that the router sent to that instance
         self.result = RunResult(label=policy, started_at=0.0, duration_s=0.0)
+
+    @property
+    def scheduler(self):
+        """The only engine's scheduler (one instance)."""
+        assert len(self.instances) == 1, "several instances: see .instances"
+        return self.instances[0].scheduler
+
+    @property
+    def stats(self) -> SimStats:
+        return SimStats.merged([inst.stats for inst in self.instances], self._idle_jumps)
 
     # ------------------------------------------------------------- requests
     def _request(self, live: _Live):
@@ -132,11 +160,23 @@ class Simulation:
             session_id=None if program.one_shot else program.id,
         )
 
+    def _route(self, request, live: _Live) -> Instance:
+        if self.router is None:
+            return self.instances[0]
+        chosen = self.router.route(request, self.instances)
+        if live.turn > 0:
+            holders = [inst.index for inst in self.instances
+                       if inst.holds_pin_for(request, self.clock.now)]
+            if holders:
+                self.pinned_turns += 1
+                self.reached_pin += chosen in holders
+        self.placements[(live.program.id, live.turn)] = chosen
+        inst = self.instances[chosen]
+        inst.routed += 1
+        return inst
+
     # ----------------------------------------------------------------- loop
     def run(self) -> RunResult:
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        s = self.scheduler
         clock = self.clock
         events: list[tuple[float, int, _Live]] = []
         seq = itertools.count()
@@ -147,82 +187,113 @@ class Simulation:
             heapq.heappush(events, (program.arrival_s, next(seq), live))
         live_by_id: dict[str, _Live] = {}
         prev_prompt: dict[str, int] = {}
-        timed = self._time_scheduler
-        stats = self.stats
         while True:
+            for inst in self.instances:
+                if inst.step is not None and inst.step.end <= clock.now:
+                    self._finish_step(inst, live_by_id, prev_prompt, events, seq)
             while events and events[0][0] <= clock.now:
                 _, _, live = heapq.heappop(events)
                 turn = live.program.turns[live.turn]
                 self._next_tool_s[live.program.id] = turn.tool_s if turn.tool else None
                 request = self._request(live)
                 live_by_id[request.request_id] = live
-                s.add_request(request)
-            if not s.has_unfinished_requests():
-                if not events:
-                    break
-                clock.now = events[0][0]
-                stats.idle_jumps += 1
-                continue
-            if timed:
-                t0, c0 = time.perf_counter(), time.thread_time()
-            out = s.schedule()
-            if timed:
-                t_sched, c_sched = time.perf_counter() - t0, time.thread_time() - c0
-            if out.total_num_scheduled_tokens == 0:
-                stats.stalls += 1
-                if not events:
+                self._route(request, live).inbox.append(request)
+            for inst in self.instances:
+                if inst.step is None:
+                    self._start_step(inst, live_by_id)
+            ends = [inst.step.end for inst in self.instances if inst.step is not None]
+            if events:
+                ends.append(events[0][0])
+            if not ends:
+                stuck = [inst for inst in self.instances if inst.scheduler.has_unfinished_requests()]
+                if stuck:
+                    s = stuck[0].scheduler
                     raise RuntimeError(
                         f"{self.policy}: nothing schedulable and no arrival pending "
-                        f"(waiting {len(s.waiting)}, running {len(s.running)})"
+                        f"(instance {stuck[0].index}: waiting {len(s.waiting)}, running {len(s.running)})"
                     )
-                clock.now = max(clock.now, events[0][0])
-                continue
-            usage = s.kv_cache_manager.usage  # what this step holds, before finished requests free theirs
-            for new in out.scheduled_new_reqs:
-                live = live_by_id[new.req_id]
-                if live.first_scheduled is None:
-                    live.first_scheduled = clock.now
-                    live.cached = new.num_computed_tokens
-            batch, req_ids, sampled = [], [], []
-            for req_id, n in out.num_scheduled_tokens.items():
-                request = s.requests[req_id]
-                batch.append((n, request.num_computed_tokens - n))
-                req_ids.append(req_id)
-                if request.num_computed_tokens >= request.num_tokens:
-                    live = live_by_id[req_id]
-                    sampled.append([live.output[request.num_output_tokens]])
-                else:
-                    sampled.append([])
-            dt = self.cost.step_time(batch)
-            clock.now += dt
-            stats.steps += 1
-            stats.busy_s += dt
-            stats.usage_s += usage * dt
-            stats.usage_max = max(stats.usage_max, usage)
-            stats.scheduled_tokens += out.total_num_scheduled_tokens
-            stats.preemptions += len(getattr(out, "preempted_req_ids", ()) or ())
-            runner_out = ModelRunnerOutput(
-                req_ids=req_ids,
-                req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                sampled_token_ids=sampled,
-            )
-            if timed:
-                t1, c1 = time.perf_counter(), time.thread_time()
-            engine_outputs = s.update_from_output(out, runner_out)
-            if timed:
-                stats.scheduler_wall_s.append(t_sched + time.perf_counter() - t1)
-                stats.scheduler_cpu_s.append(c_sched + time.thread_time() - c1)
-            for outputs in engine_outputs.values():
-                for o in outputs.outputs:
-                    live = live_by_id.get(o.request_id)
-                    if live is None:
-                        continue
-                    if live.first_token is None and o.new_token_ids:
-                        live.first_token = clock.now
-                    if o.finish_reason is not None:
-                        del live_by_id[o.request_id]
-                        self._turn_done(live, clock.now, prev_prompt, events, seq)
-        self.result.duration_s = clock.now
+                break
+            if not any(inst.step is not None or inst.scheduler.has_unfinished_requests()
+                       for inst in self.instances):
+                self._idle_jumps += 1
+            clock.now = min(ends)
+        return self._finish_result()
+
+    def _start_step(self, inst: Instance, live_by_id: dict[str, _Live]) -> None:
+        """Add what was routed here, then schedule a step (if there is work)."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        s, clock, stats = inst.scheduler, self.clock, inst.stats
+        for request in inst.inbox:
+            s.add_request(request)
+        inst.inbox.clear()
+        if not s.has_unfinished_requests():
+            return
+        timed = self._time_scheduler
+        if timed:
+            t0, c0 = time.perf_counter(), time.thread_time()
+        out = s.schedule()
+        if timed:
+            t_sched, c_sched = time.perf_counter() - t0, time.thread_time() - c0
+        if out.total_num_scheduled_tokens == 0:
+            stats.stalls += 1  # retried at the next moment anything happens
+            return
+        usage = s.kv_cache_manager.usage  # what this step holds, before finished requests free theirs
+        for new in out.scheduled_new_reqs:
+            live = live_by_id[new.req_id]
+            if live.first_scheduled is None:
+                live.first_scheduled = clock.now
+                live.cached = new.num_computed_tokens
+        batch, req_ids, sampled = [], [], []
+        for req_id, n in out.num_scheduled_tokens.items():
+            request = s.requests[req_id]
+            batch.append((n, request.num_computed_tokens - n))
+            req_ids.append(req_id)
+            if request.num_computed_tokens >= request.num_tokens:
+                live = live_by_id[req_id]
+                sampled.append([live.output[request.num_output_tokens]])
+            else:
+                sampled.append([])
+        dt = self.cost.step_time(batch)
+        stats.steps += 1
+        stats.busy_s += dt
+        stats.usage_s += usage * dt
+        stats.usage_max = max(stats.usage_max, usage)
+        stats.scheduled_tokens += out.total_num_scheduled_tokens
+        stats.preemptions += len(getattr(out, "preempted_req_ids", ()) or ())
+        runner_out = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+        inst.step = Step(out, runner_out, clock.now + dt)
+        if timed:
+            inst.step.sched_wall_s, inst.step.sched_cpu_s = t_sched, c_sched
+
+    def _finish_step(self, inst: Instance, live_by_id, prev_prompt, events, seq) -> None:
+        step, inst.step = inst.step, None
+        s, now = inst.scheduler, self.clock.now
+        timed = self._time_scheduler
+        if timed:
+            t1, c1 = time.perf_counter(), time.thread_time()
+        engine_outputs = s.update_from_output(step.output, step.runner_output)
+        if timed:
+            inst.stats.scheduler_wall_s.append(step.sched_wall_s + time.perf_counter() - t1)
+            inst.stats.scheduler_cpu_s.append(step.sched_cpu_s + time.thread_time() - c1)
+        for outputs in engine_outputs.values():
+            for o in outputs.outputs:
+                live = live_by_id.get(o.request_id)
+                if live is None:
+                    continue
+                if live.first_token is None and o.new_token_ids:
+                    live.first_token = now
+                if o.finish_reason is not None:
+                    del live_by_id[o.request_id]
+                    self._turn_done(live, now, prev_prompt, events, seq)
+
+    def _finish_result(self) -> RunResult:
+        stats = self.stats
+        self.result.duration_s = self.clock.now
         self.result.sort()
         self.result.meta.update({
             "policy": self.policy,
@@ -234,15 +305,31 @@ class Simulation:
             "pool_usage_mean": stats.usage_mean,
             "pool_usage_max": stats.usage_max,
         })
-        cs = getattr(s, "continuum_stats", None)
-        if cs is not None:
+        all_cs = [cs for inst in self.instances
+                  if (cs := getattr(inst.scheduler, "continuum_stats", None)) is not None]
+        if all_cs:
             self.result.meta["continuum_stats"] = {
-                "pins_by_tool": dict(cs.pins_by_tool),
-                "releases_by_reason": dict(cs.releases_by_reason),
-                "resumes_by_outcome": dict(cs.resumes_by_outcome),
-                "pins_refused_by_cap": cs.pins_refused_by_cap,
+                "pins_by_tool": _merge_counts(cs.pins_by_tool for cs in all_cs),
+                "releases_by_reason": _merge_counts(cs.releases_by_reason for cs in all_cs),
+                "resumes_by_outcome": _merge_counts(cs.resumes_by_outcome for cs in all_cs),
+                "pins_refused_by_cap": sum(cs.pins_refused_by_cap for cs in all_cs),
             }
+        if self.router is not None:
+            self.result.meta["cluster"] = self._cluster_meta()
         return self.result
+
+    def _cluster_meta(self) -> dict:
+        return {
+            "instances": len(self.instances),
+            "routing": self.router.name,
+            "routed": [inst.routed for inst in self.instances],
+            "busy_s": [inst.stats.busy_s for inst in self.instances],
+            "pool_usage_mean": [inst.stats.usage_mean for inst in self.instances],
+            "preemptions": [inst.stats.preemptions for inst in self.instances],
+            "pinned_turns": self.pinned_turns,
+            "reached_pin": self.reached_pin,
+            "placements": [[p, k, i] for (p, k), i in sorted(self.placements.items())],
+        }
 
     def _turn_done(self, live: _Live, now: float, prev_prompt: dict, events, seq) -> None:
         program, k = live.program, live.turn

@@ -62,9 +62,13 @@ def simulate(
     time_scheduler: bool = False,
     extra_settings: dict[str, str] | None = None,
     desc: str = "",
+    instances: int = 1,
+    routing: str | None = None,
+    routing_options: dict | None = None,
 ) -> tuple[RunResult, Simulation]:
     """One policy on one trace. extra_settings: CONTINUUM_* fields (without the
-    prefix) for the continuum schedulers, e.g. {"COLD_START_SAMPLES": "20"}."""
+    prefix) for the continuum schedulers, e.g. {"COLD_START_SAMPLES": "20"};
+    instances, routing: that many engines behind that router (sim/routing.py)."""
     total = sum(len(p.turns) for p in trace)
     with tqdm(total=total, desc=desc or f"sim {policy}", unit="turn", disable=not progress,
               leave=False) as bar:
@@ -72,6 +76,7 @@ def simulate(
             trace, cost, policy, seed=seed,
             prefill_profile_path=str(profile_path) if profile_path else None,
             extra_settings=extra_settings, time_scheduler=time_scheduler, progress=bar,
+            instances=instances, routing=routing, routing_options=routing_options,
         )
         result = sim.run()
     return result, sim
@@ -93,7 +98,7 @@ def _oracle_ratio(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _pin_lines(runs: Sequence[RunResult]) -> list[str]:
+def pin_lines(runs: Sequence[RunResult]) -> list[str]:
     lines = []
     for r in runs:
         cs = r.meta.get("continuum_stats")
@@ -300,7 +305,7 @@ def run_sim(
     title = (f"## {workload}, {len(trace.agents)} programs, rate {trace.meta.get('arrival_rate')} /s, "
              f"{_one_shot_title(trace)}cost model {cost.name}")
     text = [title, "", table, _oracle_ratio(summaries), ""]
-    text += _pin_lines(runs)
+    text += pin_lines(runs)
     sweep_rows: list[dict] = []
     if sweep is not None:
         rates = list(sweep) or list(DEFAULT_SWEEP)
