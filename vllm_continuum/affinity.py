@@ -25,8 +25,8 @@ and does not fire on the first turn of a session or on turns that continue
 here. The `<tool_call>` token itself is not usable on the prompt side: tool
 preambles of chat templates mention it (`... within <tool_call></tool_call>
 XML tags`), so it is in every prompt that offers tools. Limits: a model whose
-template has no tool-result token gives no signal (set
-`CONTINUUM_TOOL_RESULT_TOKEN` to its token); a client that trims the history
+template has no tool-result token gives no signal (set `tool_result_token`
+to its token); a client that trims the history
 (so the prompt no longer extends the previous one) is not judged; sessions
 forgotten by the bounded table look new (a miss may then be counted for a
 session idle that long).
@@ -131,13 +131,9 @@ class AffinitySignalMixin:
     def _affinity_monitor(self) -> AffinityMonitor:
         monitor = getattr(self, "_continuum_affinity", None)
         if monitor is None:
-            import os
-
             tokenizer = getattr(getattr(self, "structured_output_manager", None), "tokenizer", None)
             cfg = getattr(self, "continuum_config", None)
-            # A settings field if config.py grows one, else the environment.
-            marker = getattr(cfg, "tool_result_token", None) or os.environ.get(
-                "CONTINUUM_TOOL_RESULT_TOKEN", TOOL_RESULT_TOKEN)
+            marker = getattr(cfg, "tool_result_token", TOOL_RESULT_TOKEN)
             call = getattr(cfg, "tool_call_token", TOOL_CALL_TOKEN)
             stats = getattr(self, "continuum_stats", None)
             monitor = AffinityMonitor(

@@ -112,6 +112,13 @@ class ContinuumConfig(BaseSettings):
         min_length=1,
         description="Token whose presence in a finished output marks a tool call.",
     )
+    tool_result_token: str = Field(
+        "<tool_response>",
+        min_length=1,
+        description="Token that wraps a tool result in a prompt (Hermes-style templates): "
+        "a prompt holding more of them than this engine saw the session produce counts as "
+        "an affinity miss (continuum_affinity_misses_total).",
+    )
     max_hint_tool_name_length: int = Field(
         128, ge=1, description="Longer `continuum_tool` hints are ignored as invalid."
     )

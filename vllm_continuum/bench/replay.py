@@ -5,7 +5,8 @@ its turns one after another to `/v1/completions` with token-id prompts that
 grow exactly as an agent's history does (the previous prompt, the tokens the
 server actually generated, then the turn's new tokens), and sleeps its tool
 durations in between. Output lengths are fixed with `max_tokens` and
-`ignore_eos`. Every request carries the program's `session_id` and the
+`ignore_eos`. Every request carries the program's `session_id` (body field and
+`X-Session-ID` header, which routers hash) and the
 continuum hints (`continuum_tool` on a turn that calls a tool,
 `continuum_last_turn` on the last); stock vLLM ignores them.
 
@@ -132,7 +133,10 @@ async def _send_turn(
     first = None
     ids: list[int] = []
     usage: dict = {}
-    async with client.stream("POST", "/v1/completions", json=body) as response:
+    # The session also as the header routers hash (vLLM reads either).
+    session = body.get("session_id")
+    headers = {"X-Session-ID": session} if session else None
+    async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")[:500]
             raise RuntimeError(f"HTTP {response.status_code}: {text}")
