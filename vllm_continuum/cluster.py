@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from vllm_continuum.server import VLLMServer, free_port
+from vllm_continuum.server import VLLMServer, free_port, stop_process_group
 
 ROUTER_POLICIES = ("consistent_hash", "kv_aware", "round_robin", "cache_aware", "power_of_two",
                    "random", "sticky_least_loaded")
@@ -179,14 +179,7 @@ class Router:
         raise TimeoutError(f"vllm-router not ready after {timeout_s:.0f} s; log: {self.log_path}")
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop_process_group(self.process, timeout_s=10)
 
 
 @dataclass

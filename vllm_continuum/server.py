@@ -102,14 +102,7 @@ class VLLMServer:
         return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop_process_group(self.process, timeout_s=30)
 
     def __enter__(self) -> VLLMServer:
         return self.start().wait_ready()
@@ -144,3 +137,15 @@ def flavour_server(
     return VLLMServer(
         model, args, env=dict(env or {}), log_path=log_dir / f"{flavour}.log", name=flavour
     )
+
+
+def stop_process_group(process: subprocess.Popen | None, timeout_s: float) -> None:
+    """SIGTERM a process started in its own group, SIGKILL it after `timeout_s`."""
+    if process is None or process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
