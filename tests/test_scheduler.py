@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from vllm.v1.request import RequestStatus
 
+from vllm_continuum.policy.pressure import blocks_freed
+
 
 from harness import (
     BLOCK_SIZE,
@@ -248,8 +250,8 @@ def test_pins_are_released_before_any_preemption(build):
     stock_preempt = s._preempt_request
 
     def watch(request, *args, **kwargs):
-        freeable = [p for p in s.pins if s._ledger.freeable(p.blocks, ())]
-        preemptions.append((request.request_id, len(freeable)))
+        freeable = blocks_freed(list(s.pins), s._ledger.ref_count)
+        preemptions.append((request.request_id, freeable))
         return stock_preempt(request, *args, **kwargs)
 
     s._preempt_request = watch
