@@ -36,7 +36,7 @@ from vllm_continuum.cluster_scenario import (
 )
 from vllm_continuum.dp_affinity import rank_for_session
 from vllm_continuum.pause_scenario import churn
-from vllm_continuum.server import BLOCK_SIZE, CPU_SERVER_FLAGS, free_port
+from vllm_continuum.server import BLOCK_SIZE, CPU_SERVER_FLAGS, free_port, stop_process_group
 
 pytestmark = pytest.mark.engine
 
@@ -107,11 +107,7 @@ def prometheus(cluster, tmp_path_factory):
                  "Prometheus scraping every instance")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process_group(proc, timeout_s=30)
         log.close()
 
 

@@ -28,7 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_continuum.demo import DEMO_ENV
 from vllm_continuum.metrics.snapshot import EXPIRY_GRACE_S
 from vllm_continuum.pause_scenario import run_pause_scenario
-from vllm_continuum.server import BLOCK_SIZE, CPU_SERVER_FLAGS, VLLMServer, free_port
+from vllm_continuum.server import (
+    BLOCK_SIZE, CPU_SERVER_FLAGS, VLLMServer, free_port, stop_process_group,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -187,11 +189,7 @@ def prometheus(servers, tmp_path_factory):
             time.sleep(0.5)
         yield prom
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process_group(proc, timeout_s=30)
         log.close()
 
 

@@ -23,10 +23,8 @@ from tqdm import tqdm
 
 from vllm_continuum.bench.replay import RunResult
 from vllm_continuum.bench.report import plot_runs, ratio, save_figure, summarize, write_runs
-from vllm_continuum.bench.workload import trace_for_run
-from vllm_continuum.sim.cost_model import load_cost_model
 from vllm_continuum.sim.routing import ROUTINGS
-from vllm_continuum.sim.run import pin_lines, prepare_profile, simulate
+from vllm_continuum.sim.run import pin_lines, prepare_run, simulate
 
 
 def _max_over_mean(values: Sequence[float]) -> float:
@@ -130,11 +128,9 @@ def run_cluster(
     command: str = "",
 ) -> int:
     started = time.perf_counter()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cost = load_cost_model(cost_model)
-    profile_path = prepare_profile(cost, out_dir)
-    trace = trace_for_run(workload, out_dir, num_programs=num_programs, arrival_rate=rate, seed=seed)
+    out_dir, cost, profile_path, trace = prepare_run(
+        out_dir, cost_model, workload, num_programs=num_programs, arrival_rate=rate, seed=seed
+    )
     print(f"workload {workload}: {json.dumps(trace.summary())}")
     print(f"{instances} instances of cost model {cost.name}: KV pool {cost.num_gpu_blocks} blocks "
           f"of {cost.block_size} ({cost.pool_tokens} tokens) each")

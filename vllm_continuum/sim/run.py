@@ -51,6 +51,18 @@ def prepare_profile(cost: CostModel, out_dir: Path) -> Path:
     return path
 
 
+def prepare_run(
+    out_dir: Path | str, cost_model: str, workload: str, **trace_options
+) -> tuple[Path, CostModel, Path, Trace]:
+    """What every simulation command starts from: its output directory, the
+    cost model, the prefill profile fitted on it, and the trace it replays."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cost = load_cost_model(cost_model)
+    profile_path = prepare_profile(cost, out_dir)
+    return out_dir, cost, profile_path, trace_for_run(workload, out_dir, **trace_options)
+
+
 def simulate(
     trace: Trace,
     cost: CostModel,
@@ -275,11 +287,9 @@ def run_sim(
     command: str = "",
 ) -> int:
     started = time.perf_counter()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cost = load_cost_model(cost_model)
-    profile_path = prepare_profile(cost, out_dir)
-    trace = trace_for_run(workload, out_dir, num_programs=num_programs, arrival_rate=rate, seed=seed)
+    out_dir, cost, profile_path, trace = prepare_run(
+        out_dir, cost_model, workload, num_programs=num_programs, arrival_rate=rate, seed=seed
+    )
     setup = {
         "command": command,
         "workload": workload,
