@@ -20,7 +20,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
-from vllm_continuum.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
+from vllm_continuum.adapter.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
 from vllm_continuum.sim.scheduler_factory import new_scheduler
 
 BLOCK_SIZE = 16
@@ -225,7 +225,7 @@ def drain(driver: Driver) -> None:
 
 def assert_all_free(driver: Driver) -> None:
     s = driver.scheduler
-    from vllm_continuum.policy.pin_table import ReleaseReason
+    from vllm_continuum.core.pin_table import ReleaseReason
 
     s.release_all_pins(ReleaseReason.RESET)
     counts = audit(s)

@@ -4,7 +4,7 @@ through Prometheus's HTTP API.
 
 Two continuum servers: the session's single-API-server one (`live_servers`)
 and one with `--api-server-count 2` (vLLM's multiprocess metrics mode),
-started through `vllm serve` (`vllm_continuum.launch`). Each runs the pause
+started through `vllm serve` (`vllm_continuum.adapter.launch`). Each runs the pause
 scenario and the idle-expiry scenario; the dashboard's PromQL is evaluated
 against what Prometheus collected.
 """
@@ -59,7 +59,7 @@ class CliServer(VLLMServer):
     @property
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "vllm_continuum.launch", "serve", self.model,
+            sys.executable, "-m", "vllm_continuum.adapter.launch", "serve", self.model,
             "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(self.port),
             *self.args,
         ]

@@ -13,7 +13,7 @@ import yaml
 from openai import OpenAI
 
 from vllm_continuum.pause_scenario import city_tool
-from vllm_continuum.policy.prefill_profile import PrefillProfile
+from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.profile import measure, report
 from vllm_continuum.server import flavour_server
 

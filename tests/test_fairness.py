@@ -391,7 +391,7 @@ def test_hold_lets_a_preempted_request_use_pinned_memory(build):
 def test_the_ttl_is_decided_on_the_tokens_the_pin_keeps(build, monkeypatch):
     """The session quota keeps only a long context's first blocks: the TTL
     model is asked about those, not the whole context."""
-    from vllm_continuum.policy.ttl import FixedTTLPolicy
+    from vllm_continuum.core.ttl import FixedTTLPolicy
 
     monkeypatch.setenv("CONTINUUM_MAX_SESSION_PINNED_FRACTION", "0.25")  # 15 of 63 blocks
     d = build(num_blocks=64)

@@ -20,7 +20,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 import vllm_continuum.stats as stats_module
-from vllm_continuum.metrics import registration
+from vllm_continuum.adapter import metrics_registration as registration
 from vllm_continuum.metrics.collector import ContinuumCollector
 from vllm_continuum.metrics.snapshot import (
     BUCKETS,
@@ -34,7 +34,7 @@ from vllm_continuum.metrics.snapshot import (
     read_snapshots,
     snapshot_path,
 )
-from vllm_continuum.policy.pin_table import Pin, PinTable, ReleaseReason
+from vllm_continuum.core.pin_table import Pin, PinTable, ReleaseReason
 from vllm_continuum.stats import ContinuumStats
 
 
@@ -376,7 +376,7 @@ def test_install_keeps_an_exported_directory(metrics_dir):
 
 
 def test_vllm_version_lookup_works_for_the_cpu_build(monkeypatch):
-    from vllm_continuum.launch import _patch_version_lookup
+    from vllm_continuum.adapter.launch import _patch_version_lookup
 
     monkeypatch.setattr(importlib.metadata, "version", importlib.metadata.version)  # undo after
 

@@ -7,10 +7,10 @@ from importlib.metadata import entry_points
 import pytest
 from vllm.config.scheduler import SchedulerConfig
 
-from vllm_continuum.affinity import AffinitySignalMixin
-from vllm_continuum.compat import UnsupportedVLLMError, check_vllm_version
-from vllm_continuum.plugin import register
-from vllm_continuum.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
+from vllm_continuum.adapter.affinity import AffinitySignalMixin
+from vllm_continuum.adapter.compat import UnsupportedVLLMError, check_vllm_version
+from vllm_continuum.adapter.plugin import register
+from vllm_continuum.adapter.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
 
 
 def config(scheduler_cls, async_scheduling):
@@ -24,7 +24,7 @@ def config(scheduler_cls, async_scheduling):
 
 def test_entry_point_is_declared():
     plugins = entry_points(group="vllm.general_plugins")
-    assert any(ep.name == "continuum" and ep.value == "vllm_continuum.plugin:register" for ep in plugins)
+    assert any(ep.name == "continuum" and ep.value == "vllm_continuum.adapter.plugin:register" for ep in plugins)
 
 
 def test_register_is_idempotent_and_resolves_the_short_name():
@@ -44,7 +44,7 @@ def test_register_is_idempotent_and_resolves_the_short_name():
 
 def test_other_names_keep_working():
     register()
-    qualified = "vllm_continuum.scheduler.ContinuumScheduler"
+    qualified = "vllm_continuum.adapter.scheduler.ContinuumScheduler"
     assert config(qualified, False).get_scheduler_cls() is ContinuumScheduler
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler

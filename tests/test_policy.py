@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_continuum.config import ContinuumConfig
-from vllm_continuum.policy.hints import NO_HINTS, parse_hints
-from vllm_continuum.policy.pin_table import Anchor, Pin, PinTable
-from vllm_continuum.policy.pressure import blocks_freed, may_release_pins, pins_to_release
-from vllm_continuum.policy.sessions import SessionRegistry
-from vllm_continuum.policy.tool_calls import tool_name_from_text
-from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
-from vllm_continuum.policy.waiting_bound import WaitingBound
-from vllm_continuum.policy.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
-from vllm_continuum.policy.workload import WorkloadModel
+from vllm_continuum.core.hints import NO_HINTS, parse_hints
+from vllm_continuum.core.pin_table import Anchor, Pin, PinTable
+from vllm_continuum.core.pressure import blocks_freed, may_release_pins, pins_to_release
+from vllm_continuum.core.sessions import SessionRegistry
+from vllm_continuum.core.tool_calls import tool_name_from_text
+from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
+from vllm_continuum.core.waiting_bound import WaitingBound
+from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
+from vllm_continuum.core.workload import WorkloadModel
 
 
 # ------------------------------------------------------------------- hints

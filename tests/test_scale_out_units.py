@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_continuum.affinity import AffinityMonitor, SeenTurn, count_token, is_affinity_miss
-from vllm_continuum.dp_affinity import choose_rank, install, rank_for_session, runs_continuum
+from vllm_continuum.adapter.affinity import AffinityMonitor, SeenTurn, count_token, is_affinity_miss
+from vllm_continuum.adapter.dp_affinity import choose_rank, install, rank_for_session, runs_continuum
 
 # ------------------------------------------------------------------ DP rank
 
@@ -88,7 +88,7 @@ def test_stock_scheduler_servers_keep_vllms_balancing():
     assert engines == set(client.core_engines)  # one session, spread: not ours to change
     assert runs_continuum(SimpleNamespace(scheduler_config=SimpleNamespace(scheduler_cls="continuum")))
     assert runs_continuum(SimpleNamespace(scheduler_config=SimpleNamespace(
-        scheduler_cls="vllm_continuum.scheduler.ContinuumScheduler")))
+        scheduler_cls="vllm_continuum.adapter.scheduler.ContinuumScheduler")))
     assert not runs_continuum(None)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from vllm.v1.request import RequestStatus
 
-from vllm_continuum.policy.pressure import blocks_freed
+from vllm_continuum.core.pressure import blocks_freed
 
 
 from harness import (

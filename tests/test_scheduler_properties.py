@@ -23,8 +23,8 @@ import harness
 from harness import (
     EOS_TOKEN_ID, FILLER_TOKEN, FakeClock, audit, make_request, make_scheduler, pinned_blocks,
 )
-from vllm_continuum.policy.pin_table import ReleaseReason
-from vllm_continuum.policy.pressure import blocks_freed
+from vllm_continuum.core.pin_table import ReleaseReason
+from vllm_continuum.core.pressure import blocks_freed
 
 settings.register_profile(  # deterministic in CI: the same 10,000 rules every run
     "ci", max_examples=100, stateful_step_count=100, deadline=None, derandomize=True,

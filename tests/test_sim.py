@@ -6,7 +6,7 @@ import pytest
 
 from vllm_continuum.bench.report import summarize
 from vllm_continuum.bench.workload import load_spec
-from vllm_continuum.policy.ttl import TurnEnd
+from vllm_continuum.core.ttl import TurnEnd
 from vllm_continuum.sim.cost_model import CostModel, Linear, fit_linear, load_cost_model
 from vllm_continuum.sim.engine import OracleTTLPolicy
 from vllm_continuum.sim.loop import Simulation
@@ -126,7 +126,7 @@ def test_h100_cost_model_is_sane():
 def test_fit_linear_reproduces_the_profile():
     """Tokens cost what the profile says; the constant is the measured decode step
     (the profile's c0 is a request's end-to-end overhead), or c0 without one."""
-    from vllm_continuum.policy.prefill_profile import PrefillProfile
+    from vllm_continuum.core.prefill_profile import PrefillProfile
 
     profile = PrefillProfile(0.5, 1e-3, 2e-6)
     lin = fit_linear(profile, decode_step_s=0.02)

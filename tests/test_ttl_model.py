@@ -9,16 +9,16 @@ import random
 import pytest
 
 from vllm_continuum.config import ContinuumConfig
-from vllm_continuum.policy.durations import DurationHistory
-from vllm_continuum.policy.prefill_profile import PrefillProfile
-from vllm_continuum.policy.ttl import (
+from vllm_continuum.core.durations import DurationHistory
+from vllm_continuum.core.prefill_profile import PrefillProfile
+from vllm_continuum.core.ttl import (
     ContinuumTTLPolicy,
     TurnEnd,
     exp1_ttl,
     make_ttl_policy,
     optimal_ttl,
 )
-from vllm_continuum.policy.workload import Memoryfulness, SlidingMean, WorkloadModel
+from vllm_continuum.core.workload import Memoryfulness, SlidingMean, WorkloadModel
 
 
 # ------------------------------------------------------------ tau* by hand

@@ -28,7 +28,7 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, extra: list[str]) -> int:
-    from vllm_continuum.launch import main as vllm_cli
+    from vllm_continuum.adapter.launch import main as vllm_cli
 
     argv = ["serve", args.model, *([] if args.stock else ["--scheduler-cls", "continuum"]), *extra]
     print("+ vllm", " ".join(argv), flush=True)

@@ -111,7 +111,7 @@ class Instance(VLLMServer):
 
     @property
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "vllm_continuum.launch", "serve", self.model,
+        cmd = [sys.executable, "-m", "vllm_continuum.adapter.launch", "serve", self.model,
                "--host", "127.0.0.1", "--port", str(self.port),
                "--middleware", "vllm_continuum.instance_header.InstanceHeaderMiddleware",
                "--middleware", "vllm_continuum.pins_endpoint.PinsEndpoint"]

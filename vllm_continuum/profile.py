@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from vllm_continuum.policy.prefill_profile import PrefillProfile
+from vllm_continuum.core.prefill_profile import PrefillProfile
 
 
 def served_model(base_url: str) -> tuple[str, int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from vllm_continuum.bench.replay import RunResult, replay
 from vllm_continuum.bench.report import markdown_table, plot_runs, ratio, summarize, write_runs
 from vllm_continuum.bench.workload import load_trace, trace_for_run
-from vllm_continuum.policy.pressure import pressure_variants
+from vllm_continuum.core.pressure import pressure_variants
 
 
 @dataclass(frozen=True)

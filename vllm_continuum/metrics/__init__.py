@@ -2,9 +2,9 @@
 
     snapshot.py      the file format and writer (engine core side; plain Python)
     collector.py     the prometheus collector that reads snapshots at scrape time
-    registration.py  wiring into vLLM from the general plugin
 
 `vllm_continuum.stats.ContinuumStats` records the scheduler's events and
-writes the snapshots. Nothing is imported here: the engine core imports
+writes the snapshots; `vllm_continuum.adapter.metrics_registration` wires
+the collector into vLLM from the general plugin. Nothing is imported here: the engine core imports
 `snapshot` on its step path and must not pull in prometheus_client.
 """

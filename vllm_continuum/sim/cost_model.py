@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from vllm_continuum.config import named_yaml
-from vllm_continuum.policy.prefill_profile import PrefillProfile
+from vllm_continuum.core.prefill_profile import PrefillProfile
 
 COST_MODEL_DIR = Path(__file__).resolve().parents[2] / "configs" / "cost_models"
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_continuum.atomic_dir import replacing_dir
-from vllm_continuum.policy.pressure import pressure_variants
-from vllm_continuum.policy.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
+from vllm_continuum.core.pressure import pressure_variants
+from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
 from vllm_continuum.sim.cost_model import CostModel
 from vllm_continuum.sim.scheduler_factory import new_scheduler
 
@@ -145,7 +145,7 @@ def build_scheduler(
 ) -> BuiltScheduler:
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from vllm_continuum.scheduler import ContinuumScheduler
+    from vllm_continuum.adapter.scheduler import ContinuumScheduler
 
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {sorted(POLICIES)}")
@@ -168,7 +168,7 @@ def build_scheduler(
             mode = "eq2" if policy.startswith("oracle-eq2") else "always"
             benefit = None
             if mode == "eq2":
-                from vllm_continuum.policy.prefill_profile import PrefillProfile
+                from vllm_continuum.core.prefill_profile import PrefillProfile
 
                 profile = PrefillProfile.load(prefill_profile_path) if prefill_profile_path else PrefillProfile()
                 workload = scheduler.workload

@@ -91,7 +91,7 @@ class Instance:
         pins = getattr(self.scheduler, "pins", None)
         if not pins or not request.session_id:
             return False
-        from vllm_continuum.scheduler.mixin import session_key
+        from vllm_continuum.adapter.scheduler_mixin import session_key
 
         pin = pins.continued_by(session_key(request), request.block_hashes)
         return pin is not None and pin.expires_at > now

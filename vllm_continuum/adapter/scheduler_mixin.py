@@ -19,7 +19,7 @@
 - `add_request`, `reset_prefix_cache`, `shutdown`: bookkeeping and release.
 
 Policy (TTLs, release choice, queue order, pin accounting) lives in
-`vllm_continuum.policy`; this file only connects it to vLLM.
+`vllm_continuum.core`; this file only connects it to vLLM.
 """
 
 from __future__ import annotations
@@ -35,18 +35,18 @@ from vllm.logger import init_logger
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_continuum.compat import check_vllm_version
+from vllm_continuum.adapter.compat import check_vllm_version
 from vllm_continuum.config import ContinuumConfig, load_config
-from vllm_continuum.policy.hints import NO_HINTS, Hints, parse_hints
-from vllm_continuum.policy.pin_table import Anchor, Pin, PinTable, ReleaseReason
-from vllm_continuum.policy.pressure import may_release_pins, pins_to_release
-from vllm_continuum.policy.sessions import SessionRegistry
-from vllm_continuum.policy.ttl import TurnEnd, make_ttl_policy
-from vllm_continuum.policy.waiting_bound import WaitingBound
-from vllm_continuum.policy.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
-from vllm_continuum.policy.workload import WorkloadModel
-from vllm_continuum.scheduler.blocks import BlockLedger
-from vllm_continuum.scheduler.tool_call_detector import ToolCallDetector
+from vllm_continuum.core.hints import NO_HINTS, Hints, parse_hints
+from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
+from vllm_continuum.core.pressure import may_release_pins, pins_to_release
+from vllm_continuum.core.sessions import SessionRegistry
+from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
+from vllm_continuum.core.waiting_bound import WaitingBound
+from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
+from vllm_continuum.core.workload import WorkloadModel
+from vllm_continuum.adapter.block_ledger import BlockLedger
+from vllm_continuum.adapter.tool_call_detector import ToolCallDetector
 from vllm_continuum.stats import ContinuumStats
 
 logger = init_logger("vllm.continuum")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from vllm.logger import init_logger
 
-from vllm_continuum.policy.tool_calls import UNKNOWN_TOOL, ToolCallReader
+from vllm_continuum.core.tool_calls import UNKNOWN_TOOL, ToolCallReader
 
 logger = init_logger("vllm.continuum")
 

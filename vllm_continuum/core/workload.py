@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from vllm_continuum.policy.durations import ToolDurations
+from vllm_continuum.core.durations import ToolDurations
 
 
 class SlidingMean:

@@ -15,7 +15,7 @@ unless a continuum engine core has written a snapshot, so vLLM's `/metrics`
 is unchanged for servers that do not use the continuum scheduler.
 
 And, in the front end of a data-parallel server, it keeps a session's turns
-on one DP rank (`vllm_continuum.dp_affinity`).
+on one DP rank (`vllm_continuum.adapter.dp_affinity`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ _MARK = "_vllm_continuum_wrapped"
 
 
 def register() -> None:
-    from vllm_continuum.metrics.registration import install
+    from vllm_continuum.adapter.metrics_registration import install
 
     install()
     _register_scheduler_name()
@@ -34,7 +34,7 @@ def register() -> None:
 
 def _install_dp_affinity() -> None:
     try:
-        from vllm_continuum.dp_affinity import install
+        from vllm_continuum.adapter.dp_affinity import install
 
         install()
     except Exception as exc:  # noqa: BLE001  (never break vLLM for affinity)
@@ -63,11 +63,11 @@ def _register_scheduler_name() -> None:
 
 
 def resolve_scheduler_cls(async_scheduling: bool) -> type:
-    from vllm_continuum.compat import check_vllm_version
+    from vllm_continuum.adapter.compat import check_vllm_version
 
     check_vllm_version()
-    from vllm_continuum.affinity import with_affinity_signal
-    from vllm_continuum.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
+    from vllm_continuum.adapter.affinity import with_affinity_signal
+    from vllm_continuum.adapter.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
 
-    # The broken-affinity counter (vllm_continuum.affinity) rides in front.
+    # The broken-affinity counter (vllm_continuum.adapter.affinity) rides in front.
     return with_affinity_signal(ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler)

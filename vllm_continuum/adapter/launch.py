@@ -12,7 +12,7 @@ API server in-process: `--api-server-count N` needs `vllm serve`.
 `+cpu`) and runs vLLM's CLI. Any other lookup, and a real `vllm`
 distribution, is left alone.
 
-    python -m vllm_continuum.launch serve MODEL --scheduler-cls continuum --api-server-count 2
+    python -m vllm_continuum.adapter.launch serve MODEL --scheduler-cls continuum --api-server-count 2
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from vllm_continuum.policy.pin_table import Anchor
+from vllm_continuum.core.pin_table import Anchor
 
 
 @dataclass

@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from vllm_continuum.config import ContinuumConfig
-from vllm_continuum.policy.prefill_profile import PrefillProfile
-from vllm_continuum.policy.workload import WorkloadModel
+from vllm_continuum.core.prefill_profile import PrefillProfile
+from vllm_continuum.core.workload import WorkloadModel
 
 
 @dataclass(frozen=True)

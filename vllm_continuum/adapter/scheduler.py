@@ -7,7 +7,7 @@ wherever vLLM turns it on.
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from vllm_continuum.scheduler.mixin import ContinuumSchedulerMixin
+from vllm_continuum.adapter.scheduler_mixin import ContinuumSchedulerMixin
 
 
 class ContinuumScheduler(ContinuumSchedulerMixin, Scheduler):

@@ -126,7 +126,7 @@ class AffinitySignalMixin:
     """Feeds an `AffinityMonitor` from vLLM's scheduler hooks (`add_request`,
     `_free_request_blocks` of a finished request); counts misses in
     `self.continuum_stats`. Goes in front of the continuum scheduler classes
-    (see `vllm_continuum.plugin`)."""
+    (see `vllm_continuum.adapter.plugin`)."""
 
     def _affinity_monitor(self) -> AffinityMonitor:
         monitor = getattr(self, "_continuum_affinity", None)
@@ -169,7 +169,7 @@ class AffinitySignalMixin:
 
 
 def _session(request) -> str | None:
-    from vllm_continuum.scheduler.mixin import session_key
+    from vllm_continuum.adapter.scheduler_mixin import session_key
 
     return session_key(request)
 
