@@ -60,8 +60,8 @@ def build(tiny_model_dir, async_scheduling, monkeypatch):
         scheduler = make_scheduler(
             tiny_model_dir, async_scheduling=async_scheduling, **kwargs
         )
-        if hasattr(scheduler, "pins"):
-            scheduler.clock = FakeClock()
+        if hasattr(scheduler, "continuum"):
+            scheduler.continuum.clock = FakeClock()
         driver = Driver(scheduler)
         stock_step = driver.step
 

@@ -147,7 +147,7 @@ class Driver:
 
 def pinned_blocks(scheduler) -> Counter:
     held: Counter = Counter()
-    for pin in getattr(scheduler, "pins", ()):
+    for pin in getattr(getattr(scheduler, "continuum", None), "pins", ()):
         held.update(b.block_id for b in pin.blocks if not b.is_null)
     return held
 
@@ -227,7 +227,7 @@ def assert_all_free(driver: Driver) -> None:
     s = driver.scheduler
     from vllm_continuum.core.pin_table import ReleaseReason
 
-    s.release_all_pins(ReleaseReason.RESET)
+    s.continuum.release_all(ReleaseReason.RESET)
     counts = audit(s)
     assert counts["free"] == counts["pool"], counts
 

@@ -115,7 +115,7 @@ def fleet(model_dir, monkeypatch, flavour: str, num_blocks=64, policy="fcfs", **
                        max_num_seqs=16, max_num_batched_tokens=1024, policy=policy)
     clock = FakeClock()
     if flavour != "stock":
-        s.clock = clock
+        s.continuum.clock = clock
     driver = Driver(s)
     stock_step = driver.step
 
@@ -236,10 +236,10 @@ def test_caps_count_a_shared_system_prompt_once(build, monkeypatch):
         request = make_request(system + tokens(seed, 20), session=session, max_tokens=32)
         d.add(request, tool_call_script(d))
         d.run_until_finished(request)
-    assert {p.session_id for p in s.pins} == {"A", "B"}
-    assert s.pins.num_pinned_blocks == 22
-    assert sum(s.pins.share(p) for p in s.pins) == pytest.approx(22)
-    assert s.continuum_stats.pins_refused_by_cap == 0
+    assert {p.session_id for p in s.continuum.pins} == {"A", "B"}
+    assert s.continuum.pins.num_pinned_blocks == 22
+    assert sum(s.continuum.pins.share(p) for p in s.continuum.pins) == pytest.approx(22)
+    assert s.continuum.stats.pins_refused_by_cap == 0
     assert_all_free(d)
 
 
@@ -256,9 +256,9 @@ def test_the_cap_releases_nothing_unless_the_new_pin_is_then_made(build, monkeyp
     d.add(c, tool_call_script(d))
     d.add(b, [FILLER_TOKEN] * 4 + tool_call_script(d))
     d.run_until_finished(a, b, c)
-    assert {p.session_id for p in s.pins} == {"A", "C"}
-    assert s.continuum_stats.releases_by_reason == {}
-    assert s.continuum_stats.pins_refused_by_cap == 1
+    assert {p.session_id for p in s.continuum.pins} == {"A", "C"}
+    assert s.continuum.stats.releases_by_reason == {}
+    assert s.continuum.stats.pins_refused_by_cap == 1
     assert_all_free(d)
 
 
@@ -271,16 +271,16 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
     d = build()
     s = d.scheduler
     t1 = first_turn(d, "A", name="search")
-    pin = s.pins.get("A")
-    durations = s.workload.durations.num_samples
+    pin = s.continuum.pins.get("A")
+    durations = s.continuum.workload.durations.num_samples
 
     stranger = make_request(tokens(777, 80), session="A", max_tokens=4)
     d.add(stranger, answer_script())
-    assert s._lane_of(stranger) != s._lane_of(next_turn(t1))
-    assert s._queue_key(stranger)[0] == stranger.arrival_time  # not the program's arrival
+    assert s.continuum.lane_of(stranger) != s.continuum.lane_of(next_turn(t1))
+    assert s.continuum.queue_key(stranger)[0] == stranger.arrival_time  # not the program's arrival
     admitted_hit(d, stranger)
     drain(d)
-    assert s.pins.holds(pin)
+    assert s.continuum.pins.holds(pin)
 
     for xargs in (None, {"continuum_last_turn": 1}):
         other = make_request(tokens(888, 80), session="A", max_tokens=4, xargs=xargs)
@@ -289,17 +289,17 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
             s.finish_requests(other.request_id, RequestStatus.FINISHED_ABORTED)
         else:
             d.run_until_finished(other)
-        assert s.pins.holds(pin)
-    assert s.workload.durations.num_samples == durations
-    assert len(s.workload.programs) == 0
-    assert s.continuum_stats.releases_by_reason == {}
+        assert s.continuum.pins.holds(pin)
+    assert s.continuum.workload.durations.num_samples == durations
+    assert len(s.continuum.workload.programs) == 0
+    assert s.continuum.stats.releases_by_reason == {}
 
     # The session's real next turn still takes its pin over and is measured.
     t2 = d.add(next_turn(t1), answer_script())
     admitted_hit(d, t2)
-    assert not s.pins.holds(pin)
-    assert s.continuum_stats.releases_by_reason == {"resumed": 1}
-    assert s.workload.durations.num_samples == durations + 1
+    assert not s.continuum.pins.holds(pin)
+    assert s.continuum.stats.releases_by_reason == {"resumed": 1}
+    assert s.continuum.workload.durations.num_samples == durations + 1
     drain(d)
     assert_all_free(d)
 
@@ -310,14 +310,14 @@ def test_without_prefix_caching_nothing_is_pinned(tiny_model_dir, monkeypatch, c
     stock = make_scheduler(tiny_model_dir, continuum=False, enable_prefix_caching=False)
     s = make_scheduler(tiny_model_dir, enable_prefix_caching=False)
     assert any("prefix caching is off" in r.getMessage() for r in caplog.records)
-    s.clock = FakeClock()
+    s.continuum.clock = FakeClock()
     steps = {}
     for name, scheduler in (("stock", stock), ("continuum", s)):
         d = Driver(scheduler)
         t1 = first_turn(d, "A")
         t2 = d.add(next_turn(t1), answer_script())
         steps[name] = admitted_hit(d, t2)
-    assert len(s.pins) == 0 and sum(s.continuum_stats.pins_by_tool.values()) == 0
+    assert len(s.continuum.pins) == 0 and sum(s.continuum.stats.pins_by_tool.values()) == 0
     assert steps["continuum"] == steps["stock"] == 0
 
 
@@ -343,7 +343,7 @@ def test_yield_computes_the_shortfall_once_and_churns_nothing(build, monkeypatch
         d.step()
         assert calls.count(waiter.request_id) == 1 and not released
         calls.clear()
-    assert waiter.status == RequestStatus.WAITING and len(s.pins) == 2 and not hog.is_finished()
+    assert waiter.status == RequestStatus.WAITING and len(s.continuum.pins) == 2 and not hog.is_finished()
 
 
 def test_yield_releases_only_the_pins_that_cover_the_shortfall(build, monkeypatch):
@@ -358,8 +358,8 @@ def test_yield_releases_only_the_pins_that_cover_the_shortfall(build, monkeypatc
     assert s._ledger.num_free() < 9
     waiter = d.add(make_request(tokens(6000, 130), max_tokens=2))  # 9 blocks: C's pin covers it
     admitted_hit(d, waiter)
-    assert {p.session_id for p in s.pins} == {"A", "B"}
-    assert s.continuum_stats.releases_by_reason == {"pressure": 1}
+    assert {p.session_id for p in s.continuum.pins} == {"A", "B"}
+    assert s.continuum.stats.releases_by_reason == {"pressure": 1}
     assert not hog.is_finished()
 
 
@@ -375,14 +375,14 @@ def test_hold_lets_a_preempted_request_use_pinned_memory(build):
     q = d.add(make_request(tokens(2, 100), max_tokens=120))
     for _ in range(120):
         d.step()
-        if s.pins and q.status == RequestStatus.PREEMPTED:
+        if s.continuum.pins and q.status == RequestStatus.PREEMPTED:
             break
     else:
         pytest.fail("scenario did not produce a pin beside a preempted request")
     assert s.running, "the point: hold would keep the pin while something runs"
     d.step()
-    assert q.status == RequestStatus.RUNNING and not s.pins
-    assert s.continuum_stats.releases_by_reason == {"pressure": 1}
+    assert q.status == RequestStatus.RUNNING and not s.continuum.pins
+    assert s.continuum.stats.releases_by_reason == {"pressure": 1}
     drain(d)
     assert p.is_finished() and agent.is_finished()
 
@@ -403,7 +403,7 @@ def test_the_ttl_is_decided_on_the_tokens_the_pin_keeps(build, monkeypatch):
             asked.append(turn.num_context_tokens)
             return super().choose(turn)
 
-    s.ttl_policy = Recorder(2.0, {}, 30.0)
+    s.continuum.ttl_policy = Recorder(2.0, {}, 30.0)
     t1 = first_turn(d, "A", prompt_len=400)  # 26 blocks
-    assert s.pins.get("A").num_blocks == 15
+    assert s.continuum.pins.get("A").num_blocks == 15
     assert asked == [15 * BLOCK_SIZE] and t1.num_tokens > 15 * BLOCK_SIZE

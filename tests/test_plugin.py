@@ -7,7 +7,6 @@ from importlib.metadata import entry_points
 import pytest
 from vllm.config.scheduler import SchedulerConfig
 
-from vllm_continuum.adapter.affinity import AffinitySignalMixin
 from vllm_continuum.adapter.compat import UnsupportedVLLMError, check_vllm_version
 from vllm_continuum.adapter.plugin import register
 from vllm_continuum.adapter.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
@@ -37,8 +36,7 @@ def test_register_is_idempotent_and_resolves_the_short_name():
     assert issubclass(resolved_async, ContinuumAsyncScheduler)
     assert issubclass(resolved_sync, ContinuumScheduler)
     assert not issubclass(resolved_sync, ContinuumAsyncScheduler)
-    # The broken-affinity signal rides in front; one class per variant.
-    assert issubclass(resolved_sync, AffinitySignalMixin)
+    # One class per variant.
     assert config("continuum", False).get_scheduler_cls() is resolved_sync
 
 

@@ -23,7 +23,7 @@ def run(model_dir, monkeypatch, flavour: str) -> dict:
                        max_num_seqs=64, max_num_batched_tokens=4096)
     clock = FakeClock()
     if flavour != "stock":
-        s.clock = clock
+        s.continuum.clock = clock
     vocab = s.structured_output_manager.tokenizer.get_vocab()
     scripts: dict[str, list[int]] = {}
     admitted: dict[str, int] = {}
@@ -51,8 +51,8 @@ def run(model_dir, monkeypatch, flavour: str) -> dict:
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled))
         if flavour != "stock":
             audit(s)
-            worst_pinned = max(worst_pinned, s.pins.num_pinned_blocks)
-            for pin in s.pins:
+            worst_pinned = max(worst_pinned, s.continuum.pins.num_pinned_blocks)
+            for pin in s.continuum.pins:
                 oldest_pin_age = max(oldest_pin_age, clock.now - pin.created_at)
 
     hogs = [make_request(tokens(100 + i, 40), session=f"hog-{i}", max_tokens=4,
@@ -78,7 +78,7 @@ def run(model_dir, monkeypatch, flavour: str) -> dict:
         "mean_wait_steps": statistics.mean(waits),
         "pinned_peak": worst_pinned,
         "oldest_pin_age_s": oldest_pin_age,
-        "pins": sum(s.continuum_stats.pins_by_tool.values()) if flavour != "stock" else 0,
+        "pins": sum(s.continuum.stats.pins_by_tool.values()) if flavour != "stock" else 0,
     }
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_continuum.adapter.affinity import AffinityMonitor, SeenTurn, count_token, is_affinity_miss
+from vllm_continuum.core.affinity import AffinityMonitor, SeenTurn, count_token, is_affinity_miss
 from vllm_continuum.adapter.dp_affinity import choose_rank, install, rank_for_session, runs_continuum
 
 # ------------------------------------------------------------------ DP rank

@@ -37,11 +37,11 @@ def test_tool_call_turn_is_pinned_and_named(build):
     turn = make_request(tokens(0, 100), session="A", max_tokens=32)
     d.add(turn, tool_call_script(d, name="web_search"))
     d.run_until_finished(turn)
-    pin = s.pins.get("A")
+    pin = s.continuum.pins.get("A")
     assert pin is not None and pin.request_id == turn.request_id
     assert pin.tool == "web_search"
     assert pin.num_blocks == -(-(turn.num_tokens - 1) // BLOCK_SIZE)
-    assert s.continuum_stats.pins_by_tool == {"web_search": 1}
+    assert s.continuum.stats.pins_by_tool == {"web_search": 1}
     assert audit(s)["pinned"] == pin.num_blocks
     assert_all_free(d)
 
@@ -51,7 +51,7 @@ def test_hinted_tool_pins_without_tool_token(build):
     turn = make_request(tokens(0, 64), session="A", xargs={"continuum_tool": "calc"})
     d.add(turn, answer_script())
     d.run_until_finished(turn)
-    assert d.scheduler.pins.get("A").tool == "calc"
+    assert d.scheduler.continuum.pins.get("A").tool == "calc"
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_no_pin(build, session, xargs, script):
     turn = make_request(tokens(0, 64), session=session, xargs=xargs)
     d.add(turn, tool_call_script(d) if script == "tool" else answer_script())
     d.run_until_finished(turn)
-    assert len(d.scheduler.pins) == 0
+    assert len(d.scheduler.continuum.pins) == 0
     assert_all_free(d)
 
 
@@ -82,13 +82,13 @@ def test_ttl_sources_and_cap(build, monkeypatch):
         [("fast", None), ("slow", None), ("fast", {"continuum_ttl_s": 5}), ("fast", {"continuum_ttl_s": 99})]
     ):
         first_turn(d, f"S{i}", start=1000 * i, name=name, xargs=xargs)
-    assert [(t, ttl, src) for t, ttl, src in s.continuum_stats.ttl_decisions] == [
+    assert [(t, ttl, src) for t, ttl, src in s.continuum.stats.ttl_decisions] == [
         ("fast", 3.0, "default"),
         ("slow", 8.0, "tool+cap"),
         ("fast", 5.0, "hint"),
         ("fast", 8.0, "hint+cap"),
     ]
-    assert s.pins.get("S2").ttl_s == pytest.approx(5.0)
+    assert s.continuum.pins.get("S2").ttl_s == pytest.approx(5.0)
 
 
 def test_parallel_branches_of_a_session_keep_separate_pins(build):
@@ -99,13 +99,13 @@ def test_parallel_branches_of_a_session_keep_separate_pins(build):
     d.add(a, tool_call_script(d))
     d.add(b, [FILLER_TOKEN] * 3 + tool_call_script(d))
     d.run_until_finished(a, b)
-    assert {p.request_id for p in s.pins.of_session("A")} == {a.request_id, b.request_id}
-    assert s.continuum_stats.releases_by_reason == {}
+    assert {p.request_id for p in s.continuum.pins.of_session("A")} == {a.request_id, b.request_id}
+    assert s.continuum.stats.releases_by_reason == {}
     # Each branch's next turn takes over its own pin, and only it.
     t2 = next_turn(a)
     d.add(t2, answer_script())
     admitted_hit(d, t2)
-    assert [p.request_id for p in s.pins.of_session("A")] == [b.request_id]
+    assert [p.request_id for p in s.continuum.pins.of_session("A")] == [b.request_id]
     drain(d)
     assert_all_free(d)
 
@@ -121,8 +121,8 @@ def test_a_newer_pin_holding_all_of_an_older_ones_blocks_replaces_it(build):
     d.add(a, tool_call_script(d))
     d.add(b, [FILLER_TOKEN] * 3 + tool_call_script(d))
     d.run_until_finished(a, b)
-    assert len(s.pins) == 1 and s.pins.get("A").request_id == b.request_id
-    assert s.continuum_stats.releases_by_reason == {"replaced": 1}
+    assert len(s.continuum.pins) == 1 and s.continuum.pins.get("A").request_id == b.request_id
+    assert s.continuum.stats.releases_by_reason == {"replaced": 1}
     assert_all_free(d)
 
 
@@ -135,10 +135,10 @@ def test_next_turn_hits_every_full_block_and_takes_over_the_pin(build):
     d.add(t2, answer_script())
     hit = admitted_hit(d, t2)
     assert hit >= (t1.num_prompt_tokens // BLOCK_SIZE) * BLOCK_SIZE
-    assert s.pins.get("A") is None
-    assert s.continuum_stats.releases_by_reason == {"resumed": 1}
-    assert s.continuum_stats.resumes_by_outcome == {"pinned": 1}
-    assert s.continuum_stats.resume_cached_tokens == hit
+    assert s.continuum.pins.get("A") is None
+    assert s.continuum.stats.releases_by_reason == {"resumed": 1}
+    assert s.continuum.stats.resumes_by_outcome == {"pinned": 1}
+    assert s.continuum.stats.resume_cached_tokens == hit
     drain(d)
     assert_all_free(d)
 
@@ -191,14 +191,14 @@ def test_pin_expires_lazily_at_next_schedule(build):
     d = build()
     s = d.scheduler
     first_turn(d, "A")
-    s.clock.advance(s.continuum_config.default_ttl_s - 0.01)
+    s.continuum.clock.advance(s.continuum.config.default_ttl_s - 0.01)
     s.schedule()
-    assert s.pins.get("A") is not None
-    s.clock.advance(0.02)
-    assert s.pins.get("A") is not None  # nothing ticks while idle
+    assert s.continuum.pins.get("A") is not None
+    s.continuum.clock.advance(0.02)
+    assert s.continuum.pins.get("A") is not None  # nothing ticks while idle
     s.schedule()
-    assert s.pins.get("A") is None
-    assert s.continuum_stats.releases_by_reason == {"expired": 1}
+    assert s.continuum.pins.get("A") is None
+    assert s.continuum.stats.releases_by_reason == {"expired": 1}
     assert_all_free(d)
 
 
@@ -206,9 +206,9 @@ def test_expiry_also_runs_at_add_request(build):
     d = build()
     s = d.scheduler
     first_turn(d, "A")
-    s.clock.advance(60)
+    s.continuum.clock.advance(60)
     d.add(make_request(tokens(9000, 20)))
-    assert s.continuum_stats.releases_by_reason == {"expired": 1}
+    assert s.continuum.stats.releases_by_reason == {"expired": 1}
 
 
 def test_ttl_is_a_hard_bound_with_one_step_of_grace_for_a_queued_turn(build):
@@ -222,12 +222,12 @@ def test_ttl_is_a_hard_bound_with_one_step_of_grace_for_a_queued_turn(build):
     d.step()
     t2 = next_turn(t1)
     d.add(t2, answer_script())
-    s.clock.advance(60)
+    s.continuum.clock.advance(60)
     d.step()  # busy holds the only slot: t2 waits through its grace step
-    assert s.pins.get("A") is not None, "no grace step for a queued next turn"
+    assert s.continuum.pins.get("A") is not None, "no grace step for a queued next turn"
     d.step()
-    assert s.pins.get("A") is None, "kept past its TTL beyond the grace step"
-    assert s.continuum_stats.releases_by_reason == {"expired": 1}
+    assert s.continuum.pins.get("A") is None, "kept past its TTL beyond the grace step"
+    assert s.continuum.stats.releases_by_reason == {"expired": 1}
 
 
 def test_grace_step_hands_the_pin_over_when_the_turn_is_admitted(build):
@@ -236,10 +236,10 @@ def test_grace_step_hands_the_pin_over_when_the_turn_is_admitted(build):
     t1 = first_turn(d, "A")
     t2 = next_turn(t1)
     d.add(t2, answer_script())
-    s.clock.advance(60)
+    s.continuum.clock.advance(60)
     hit = admitted_hit(d, t2)
     assert hit >= (t1.num_prompt_tokens // BLOCK_SIZE) * BLOCK_SIZE
-    assert s.continuum_stats.releases_by_reason == {"resumed": 1}
+    assert s.continuum.stats.releases_by_reason == {"resumed": 1}
 
 
 # -------------------------------------------------------------------- pressure
@@ -250,7 +250,7 @@ def test_pins_are_released_before_any_preemption(build):
     stock_preempt = s._preempt_request
 
     def watch(request, *args, **kwargs):
-        freeable = blocks_freed(list(s.pins), s._ledger.ref_count)
+        freeable = blocks_freed(list(s.continuum.pins), s._ledger.ref_count)
         preemptions.append((request.request_id, freeable))
         return stock_preempt(request, *args, **kwargs)
 
@@ -261,7 +261,7 @@ def test_pins_are_released_before_any_preemption(build):
     d.run_until_finished(grower)
     assert grower.num_preemptions == 0
     assert all(n == 0 for _, n in preemptions)
-    assert s.continuum_stats.releases_by_reason == {"pressure": 1}
+    assert s.continuum.stats.releases_by_reason == {"pressure": 1}
     assert_all_free(d)
 
 
@@ -284,7 +284,7 @@ def test_own_prefix_hit_is_not_released_for_room(build):
     t2 = next_turn(t1, extra=100)  # 26 blocks, 18 of them already pinned
     d.add(t2, answer_script())
     admitted_hit(d, t2)
-    assert s.continuum_stats.releases_by_reason == {"resumed": 1}
+    assert s.continuum.stats.releases_by_reason == {"resumed": 1}
 
 
 def test_pins_are_not_released_for_nothing(build):
@@ -298,8 +298,8 @@ def test_pins_are_not_released_for_nothing(build):
     d.add(waiter)
     d.step()
     assert waiter.status == RequestStatus.WAITING
-    assert s.pins.get("A") is not None
-    assert s.continuum_stats.releases_by_reason == {}
+    assert s.continuum.pins.get("A") is not None
+    assert s.continuum.stats.releases_by_reason == {}
 
 
 def test_pinned_blocks_never_exceed_the_cap(build, monkeypatch):
@@ -315,9 +315,9 @@ def test_pinned_blocks_never_exceed_the_cap(build, monkeypatch):
     d.add(c, [FILLER_TOKEN] * 2 + tool_call_script(d))
     for _ in range(30):
         d.step()
-        assert s.pins.num_pinned_blocks <= 15
-    assert {p.session_id for p in s.pins} == {"A", "B"}  # C arrived last: its pin went
-    assert s.continuum_stats.releases_by_reason == {"pressure": 1}
+        assert s.continuum.pins.num_pinned_blocks <= 15
+    assert {p.session_id for p in s.continuum.pins} == {"A", "B"}  # C arrived last: its pin went
+    assert s.continuum.stats.releases_by_reason == {"pressure": 1}
 
 
 # ------------------------------------------------------- abort, reset, end
@@ -328,8 +328,8 @@ def test_abort_of_a_queued_turn_releases_the_session_pin(build):
     t2 = next_turn(t1)
     d.add(t2)
     s.finish_requests(t2.request_id, RequestStatus.FINISHED_ABORTED)
-    assert s.pins.get("A") is None
-    assert s.continuum_stats.releases_by_reason == {"aborted": 1}
+    assert s.continuum.pins.get("A") is None
+    assert s.continuum.stats.releases_by_reason == {"aborted": 1}
     assert_all_free(d)
 
 
@@ -341,7 +341,7 @@ def test_stop_string_abort_after_a_tool_call_still_pins(build):
     for _ in range(4):
         d.step()
     s.finish_requests(turn.request_id, RequestStatus.FINISHED_ABORTED)
-    assert s.pins.get("A") is not None
+    assert s.continuum.pins.get("A") is not None
 
 
 def test_last_turn_releases_its_session_pin(build):
@@ -355,8 +355,8 @@ def test_last_turn_releases_its_session_pin(build):
     t1 = make_request(tokens(0, 64), session="A", max_tokens=32)
     d.add(t1, tool_call_script(d))
     d.run_until_finished(t1, late)
-    assert s.pins.get("A") is None
-    assert s.continuum_stats.releases_by_reason == {"last_turn": 1}
+    assert s.continuum.pins.get("A") is None
+    assert s.continuum.stats.releases_by_reason == {"last_turn": 1}
 
 
 def test_reset_prefix_cache_releases_pins_and_succeeds(build):
@@ -365,8 +365,8 @@ def test_reset_prefix_cache_releases_pins_and_succeeds(build):
     first_turn(d, "A")
     first_turn(d, "B", start=2000)
     assert s.reset_prefix_cache() is True
-    assert len(s.pins) == 0
-    assert s.continuum_stats.releases_by_reason == {"reset": 2}
+    assert len(s.continuum.pins) == 0
+    assert s.continuum.stats.releases_by_reason == {"reset": 2}
     assert_all_free(d)
 
 
@@ -384,8 +384,8 @@ def test_invalid_hints_are_ignored_and_counted(build):
     turn = make_request(tokens(0, 64), session="A", xargs=bad)
     d.add(turn, tool_call_script(d))
     d.run_until_finished(turn)
-    assert s.continuum_stats.invalid_hints == 3
-    assert s.pins.get("A").ttl_s == s.continuum_config.default_ttl_s
+    assert s.continuum.stats.invalid_hints == 3
+    assert s.continuum.pins.get("A").ttl_s == s.continuum.config.default_ttl_s
 
 
 def test_mixed_traffic_ends_with_every_block_free(build):
@@ -404,12 +404,12 @@ def test_huge_session_ids_are_keyed_by_a_digest(build):
     d = build()
     s = d.scheduler
     t1 = first_turn(d, "x" * 100_000)
-    (key,) = [p.session_id for p in s.pins]
+    (key,) = [p.session_id for p in s.continuum.pins]
     assert key.startswith("sha256:") and len(key) < 80
     t2 = next_turn(t1)
     d.add(t2, answer_script())
     assert admitted_hit(d, t2) >= (t1.num_prompt_tokens // BLOCK_SIZE) * BLOCK_SIZE
-    assert s.continuum_stats.releases_by_reason == {"resumed": 1}
+    assert s.continuum.stats.releases_by_reason == {"resumed": 1}
 
 
 def test_one_session_pins_at_most_its_quota_and_keeps_its_prefix(build, monkeypatch):
@@ -417,7 +417,7 @@ def test_one_session_pins_at_most_its_quota_and_keeps_its_prefix(build, monkeypa
     d = build(num_blocks=64)
     s = d.scheduler
     t1 = first_turn(d, "A", prompt_len=400)  # 26 blocks
-    assert s.pins.get("A").num_blocks == 15
+    assert s.continuum.pins.get("A").num_blocks == 15
     assert audit(s)["pinned"] == 15
     t2 = next_turn(t1)
     d.add(t2, answer_script())

@@ -43,7 +43,7 @@ def test_tool_name_is_read_in_the_engine(build, body, tool):
     turn = make_request(tokens(0, 64), session="A", max_tokens=64)
     d.add(turn, [tool_token(d), *encode(d, body), EOS_TOKEN_ID])
     d.run_until_finished(turn)
-    assert d.scheduler.pins.get("A").tool == tool
+    assert d.scheduler.continuum.pins.get("A").tool == tool
 
 
 def test_the_hint_overrides_the_parsed_name(build):
@@ -51,7 +51,7 @@ def test_the_hint_overrides_the_parsed_name(build):
     turn = make_request(tokens(0, 64), session="A", max_tokens=64, xargs={"continuum_tool": "mine"})
     d.add(turn, [tool_token(d), *encode(d, '{"name": "theirs"}'), EOS_TOKEN_ID])
     d.run_until_finished(turn)
-    assert d.scheduler.pins.get("A").tool == "mine"
+    assert d.scheduler.continuum.pins.get("A").tool == "mine"
 
 
 def test_configured_patterns_recognise_plain_text_tool_calls(build, monkeypatch):
@@ -62,32 +62,32 @@ def test_configured_patterns_recognise_plain_text_tool_calls(build, monkeypatch)
     plain = make_request(tokens(900, 64), session="B", max_tokens=64)
     d.add(plain, [*encode(d, "All done, no command."), EOS_TOKEN_ID])
     d.run_until_finished(shell, plain)
-    assert d.scheduler.pins.get("A").tool == "ls"
-    assert d.scheduler.pins.get("B") is None
+    assert d.scheduler.continuum.pins.get("A").tool == "ls"
+    assert d.scheduler.continuum.pins.get("B") is None
 
 
 def test_tool_durations_t_and_eta_are_measured(build):
     d = build()
     s = d.scheduler
     t1 = first_turn(d, "A", name="search")
-    s.clock.advance(1.25)  # the tool runs
+    s.continuum.clock.advance(1.25)  # the tool runs
     t2 = next_turn(t1)
     d.add(t2, answer_script())
     admitted_hit(d, t2)
-    assert s.workload.durations.of("search").sorted == [pytest.approx(1.25)]
+    assert s.continuum.workload.durations.of("search").sorted == [pytest.approx(1.25)]
 
     # B's pin expires before its next turn: that turn's queueing delay is T.
     u1 = first_turn(d, "B", start=3000, name="search")
-    s.clock.advance(60)
+    s.continuum.clock.advance(60)
     u2 = next_turn(u1, xargs={"continuum_last_turn": 1})
     d.add(u2, answer_script())
-    assert len(s.workload.queueing) == 0
+    assert len(s.continuum.workload.queueing) == 0
     admitted_hit(d, u2)
-    assert len(s.workload.queueing) == 1
-    assert s.continuum_stats.resumes_by_outcome == {"pinned": 1, "unpinned": 1}
+    assert len(s.continuum.workload.queueing) == 1
+    assert s.continuum.stats.resumes_by_outcome == {"pinned": 1, "unpinned": 1}
     d.run_until_finished(u2)
-    assert len(s.workload.programs) == 1  # B ended with its last-turn hint: 2 turns
-    assert s.workload.programs._programs[0] == 2
+    assert len(s.continuum.workload.programs) == 1  # B ended with its last-turn hint: 2 turns
+    assert s.continuum.workload.programs._programs[0] == 2
 
 
 def test_idle_sessions_count_as_finished_programs(build, monkeypatch):
@@ -95,9 +95,9 @@ def test_idle_sessions_count_as_finished_programs(build, monkeypatch):
     d = build()
     s = d.scheduler
     first_turn(d, "A")
-    s.clock.advance(101)
+    s.continuum.clock.advance(101)
     d.add(make_request(tokens(5000, 16)))
-    assert list(s.workload.programs._programs) == [1]
+    assert list(s.continuum.workload.programs._programs) == [1]
 
 
 def test_continuum_policy_decides_by_the_measured_cdf(build, monkeypatch, tmp_path):
@@ -112,16 +112,16 @@ def test_continuum_policy_decides_by_the_measured_cdf(build, monkeypatch, tmp_pa
     s = d.scheduler
     for i, (tool, pause) in enumerate([("fast", 0.2), ("slow", 20.0)] * 3):
         t1 = first_turn(d, f"S{i}", start=400 * i, name=tool)
-        s.clock.advance(pause)
+        s.continuum.clock.advance(pause)
         t2 = next_turn(t1, xargs={"continuum_last_turn": 1})
         d.add(t2, answer_script())
         d.run_until_finished(t2)
     first_turn(d, "probe-fast", start=9000, name="fast")
     first_turn(d, "probe-slow", start=9500, name="slow")
-    decisions = s.continuum_stats.ttl_decisions[-2:]
+    decisions = s.continuum.stats.ttl_decisions[-2:]
     assert decisions[0] == ("fast", pytest.approx(0.2), "tool CDF")
     assert decisions[1] == ("slow", 0.0, "tool CDF")
-    assert s.pins.get("probe-fast") is not None and s.pins.get("probe-slow") is None
+    assert s.continuum.pins.get("probe-fast") is not None and s.continuum.pins.get("probe-slow") is None
 
 
 def test_program_level_fcfs(build, monkeypatch):
@@ -162,15 +162,15 @@ def _pressure_state(build, monkeypatch, policy: str):
 def test_yield_admits_the_newcomer_at_once(build, monkeypatch):
     d, runner, newcomer = _pressure_state(build, monkeypatch, "yield")
     assert newcomer.status == RequestStatus.RUNNING or newcomer.is_finished()
-    assert d.scheduler.continuum_stats.releases_by_reason == {"pressure": 1}
+    assert d.scheduler.continuum.stats.releases_by_reason == {"pressure": 1}
 
 
 def test_hold_keeps_the_pin_while_work_runs_then_the_guard_admits(build, monkeypatch):
     d, runner, newcomer = _pressure_state(build, monkeypatch, "hold")
     s = d.scheduler
-    assert newcomer.status == RequestStatus.WAITING and s.pins.get("A") is not None
+    assert newcomer.status == RequestStatus.WAITING and s.continuum.pins.get("A") is not None
     d.run_until_finished(runner)
-    assert s.pins.get("A") is not None  # still held: it was under the cap
+    assert s.continuum.pins.get("A") is not None  # still held: it was under the cap
     d.step()  # nothing runs: the deadlock guard releases the pin
     assert newcomer.status == RequestStatus.RUNNING or newcomer.is_finished()
-    assert s.continuum_stats.releases_by_reason == {"pressure": 1}
+    assert s.continuum.stats.releases_by_reason == {"pressure": 1}

@@ -68,7 +68,7 @@ def scheduler_machine(
                 for key in ("CONTINUUM_PRESSURE_POLICY", "CONTINUUM_TTL_POLICY",
                             "CONTINUUM_MAX_PINNED_FRACTION", "CONTINUUM_MAX_QUEUE_DELAY_S"):
                     os.environ.pop(key)
-            self.s.clock = self.clock = FakeClock()
+            self.s.continuum.clock = self.clock = FakeClock()
             vocab = self.s.structured_output_manager.tokenizer.get_vocab()
             self.tool_token = vocab["<tool_call>"]
             self.histories: dict[str, list[int]] = {}
@@ -84,7 +84,7 @@ def scheduler_machine(
         # -- instrumentation ---------------------------------------------
         def _candidate_pins(self):
             ledger = self.s._ledger
-            return [p for p in self.s.pins if ledger.can_give_back_now(p.fence)]
+            return [p for p in self.s.continuum.pins if ledger.can_give_back_now(p.fence)]
 
         def _watch_preemption(self):
             stock = self.s._preempt_request
@@ -98,18 +98,18 @@ def scheduler_machine(
             self.s._preempt_request = preempt
 
         def _watch_grace(self):
-            stock = self.s._release
+            stock = self.s.continuum._release
 
             def release(pin, reason):
-                if pin.grace_step is not None and self.s.pins.holds(pin):
+                if pin.grace_step is not None and self.s.continuum.pins.holds(pin):
                     seen[f"grace then {reason.value}"] += 1
                 return stock(pin, reason)
 
-            self.s._release = release
+            self.s.continuum._release = release
 
         def _may_release(self, request) -> bool:
             """When the pressure policy lets an allocation take blocks from pins."""
-            return (pressure_policy == "yield" or not self.s.running or self.s._overdue(request)
+            return (pressure_policy == "yield" or not self.s.running or (request.status == RequestStatus.WAITING and self.s.continuum.overdue(request))
                     or request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED))
 
         def _watch_pressure(self):
@@ -170,7 +170,7 @@ def scheduler_machine(
             for _ in range(steps):
                 head = self._waiting_head()
                 nothing_runs = not self.s.running
-                overdue = {r.request_id for r in self.s.waiting if self.s._overdue(r)}
+                overdue = {r.request_id for r in self.s.waiting if r.status == RequestStatus.WAITING and self.s.continuum.overdue(r)}
                 seen["steps with an overdue request"] += bool(overdue)
                 out = self.s.schedule()
                 self._check_expiry()
@@ -201,7 +201,7 @@ def scheduler_machine(
         def reset_prefix_cache(self, dice):
             if dice == 0:  # rare: it clears everything
                 assert self.s.reset_prefix_cache(reset_running_requests=True) is True
-                assert len(self.s.pins) == 0
+                assert len(self.s.continuum.pins) == 0
 
         @rule(session=st.sampled_from(SESSIONS[1:]), length=st.integers(16, 120))
         def two_tool_turns_at_once(self, session, length):
@@ -221,7 +221,7 @@ def scheduler_machine(
         def next_turn_arrives_as_the_pin_expires(self, session):
             """The tool returned late: the next turn is queued when the TTL passes,
             and gets at most one scheduling step of grace."""
-            pin = self.s.pins.get(session)
+            pin = self.s.continuum.pins.get(session)
             if pin is None or pin.request_id not in self.finished_tokens:
                 return
             request = make_request(self.finished_tokens[pin.request_id] + [self._fresh()],
@@ -235,15 +235,15 @@ def scheduler_machine(
         @rule(session=st.sampled_from(SESSIONS[1:]))
         def next_turn_then_disconnect(self, session):
             """A pinned context's next turn arrives and its client leaves at once."""
-            pin = self.s.pins.get(session)
+            pin = self.s.continuum.pins.get(session)
             if pin is None or pin.request_id not in self.finished_tokens:
                 return
             request = make_request(self.finished_tokens[pin.request_id] + [self._fresh()],
                                    session=session, arrival=self.clock.now)
-            assert self.s.pins.continued_by(session, request.block_hashes) is pin
+            assert self.s.continuum.pins.continued_by(session, request.block_hashes) is pin
             self.s.add_request(request)
             self.s.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
-            assert not self.s.pins.holds(pin)
+            assert not self.s.continuum.pins.holds(pin)
 
         # -- invariants ------------------------------------------------------
         @invariant()
@@ -251,7 +251,7 @@ def scheduler_machine(
             if hasattr(self, "s"):
                 audit(self.s)
                 cap = int(0.5 * (NUM_BLOCKS - 1))
-                pins = self.s.pins
+                pins = self.s.continuum.pins
                 distinct = len(pinned_blocks(self.s))
                 assert pins.num_pinned_blocks == distinct <= cap
                 # The gauge's per-pin shares add up to the distinct blocks.
@@ -260,13 +260,13 @@ def scheduler_machine(
         def teardown(self):
             if not hasattr(self, "s"):
                 return
-            stats = self.s.continuum_stats
+            stats = self.s.continuum.stats
             seen["pins"] += sum(stats.pins_by_tool.values())
-            seen["programs ended"] += len(self.s.workload.programs)
+            seen["programs ended"] += len(self.s.continuum.workload.programs)
             seen.update(f"release:{k}" for k, n in stats.releases_by_reason.items() for _ in range(n))
             self.s.finish_requests(None, RequestStatus.FINISHED_ABORTED)
-            assert not self.s._turns
-            self.s.release_all_pins(ReleaseReason.RESET)
+            assert not self.s.continuum.turns
+            self.s.continuum.release_all(ReleaseReason.RESET)
             counts = audit(self.s)
             assert counts["free"] == counts["pool"], counts
 
@@ -285,15 +285,15 @@ def scheduler_machine(
             """No pin outlives its TTL past a schedule() but by the one grace step
             it gets when its next turn is queued."""
             now = self.clock.now
-            for pin in self.s.pins:
+            for pin in self.s.continuum.pins:
                 if pin.expires_at <= now:
-                    assert pin.grace_step == self.s._step, "kept past its TTL"
+                    assert pin.grace_step == self.s.continuum.step, "kept past its TTL"
 
         def _check_order(self, out, overdue: set[str]):
             """A request that was overdue (its extra wait lasted the bound) is
             passed by no later arrival, and (priority scheduling) none of better
             priority is passed at all."""
-            turns = self.s._turns
+            turns = self.s.continuum.turns
             first = [self.s.requests[n.req_id] for n in out.scheduled_new_reqs]
             first = [r for r in first if r.num_preemptions == 0 and r.request_id in turns]
             for waiting in self.s.waiting:

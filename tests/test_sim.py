@@ -194,7 +194,7 @@ def test_policy_names_pick_their_pressure_policy(policy, pressure, profile_path)
 
     built = build_scheduler(policy, SMALL, SimClock(), prefill_profile_path=profile_path,
                             oracle_durations=lambda request_id: 1.0)
-    assert built.scheduler.continuum_config.pressure_policy == pressure
+    assert built.scheduler.continuum.config.pressure_policy == pressure
 
 
 def test_seed_plot_is_written(tmp_path):

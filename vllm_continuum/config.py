@@ -1,16 +1,27 @@
 """The one settings model of the plugin.
 
-Sources, highest priority first: environment variables `CONTINUUM_<FIELD>`
-(nested with `__`, e.g. `CONTINUUM_TOOL_TTL_S='{"search": 5}'`), the YAML
-file named by `CONTINUUM_CONFIG`, then the defaults below, which
-`configs/continuum.yaml` mirrors (a test keeps the two identical).
+Sources, highest priority first:
+
+1. vLLM's own `--additional-config '{"continuum": {"max_ttl_s": 10}}'`
+   (`vllm_config.additional_config["continuum"]`), the way vLLM passes
+   settings to plugins; it may name a YAML file as `config_file`;
+2. environment variables `CONTINUUM_<FIELD>` (nested with `__`, e.g.
+   `CONTINUUM_TOOL_TTL_S='{"search": 5}'`), for deployments that set them;
+3. the YAML file (`config_file` above, else the one `CONTINUUM_CONFIG` names);
+4. the defaults below, which `configs/continuum.yaml` mirrors (a test keeps
+   the two identical).
+
 The engine core reads it once at start-up: a bad value stops the server with
-a message naming the field, rather than misbehaving later.
+a message naming the field, rather than misbehaving later. Callers that
+build a scheduler themselves (the simulator) pass a `ContinuumConfig`.
 """
 
 from __future__ import annotations
 
+import contextvars
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +34,15 @@ from pydantic_settings import (
 )
 
 CONFIG_ENV_VAR = "CONTINUUM_CONFIG"
+ADDITIONAL_CONFIG_KEY = "continuum"  # --additional-config '{"continuum": {...}}'
+CONFIG_FILE_KEY = "config_file"  # the YAML file, named inside that section
+
+# The sources of the `load_config` call in progress, (YAML file, read the
+# environment?): pydantic-settings asks for sources on a classmethod, without
+# the call's arguments.
+_sources: contextvars.ContextVar[tuple[str | None, bool]] = contextvars.ContextVar(
+    "sources", default=(None, True)
+)
 
 
 class ContinuumConfig(BaseSettings):
@@ -169,11 +189,19 @@ class ContinuumConfig(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        path = os.environ.get(CONFIG_ENV_VAR)
+        path, use_env = _sources.get()
+        sources: list[PydanticBaseSettingsSource] = [init_settings]
+        if use_env:
+            sources.append(env_settings)
         if path:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
         return tuple(sources)
+
+    def summary(self) -> str:
+        """The settings that shape behaviour most, for the start-up log line."""
+        keys = ("ttl_policy", "pressure_policy", "queue_order", "max_queue_delay_s",
+                "max_pinned_fraction", "max_ttl_s")
+        return " ".join(f"{k}={getattr(self, k)}" for k in keys)
 
     @model_validator(mode="after")
     def _history_outgrows_cold_start(self) -> ContinuumConfig:
@@ -189,19 +217,52 @@ class ConfigError(RuntimeError):
     """A configuration the plugin refuses to start with."""
 
 
-def load_config(**overrides: object) -> ContinuumConfig:
-    """Read the config, turning validation errors into one readable message."""
-    path = os.environ.get(CONFIG_ENV_VAR)
+def load_config(
+    config_file: str | None = None, *, use_env: bool = True, **overrides: object
+) -> ContinuumConfig:
+    """Read the config (`overrides` first, see the module's docstring),
+    turning validation errors into one readable message. `use_env=False`:
+    only `overrides`, `config_file` and the defaults (the simulator's
+    schedulers do not depend on the process environment)."""
+    path = config_file or (os.environ.get(CONFIG_ENV_VAR) if use_env else None)
+    where = f"{CONFIG_FILE_KEY}" if config_file else CONFIG_ENV_VAR
     if path and not Path(path).is_file():
-        raise ConfigError(f"{CONFIG_ENV_VAR}={path!r} does not name a readable YAML file.")
+        raise ConfigError(f"{where}={path!r} does not name a readable YAML file.")
+    token = _sources.set((path, use_env))
     try:
         return ContinuumConfig(**overrides)
     except ValidationError as exc:
-        where = f" (file {path})" if path else ""
         raise ConfigError(
-            f"Invalid vllm-continuum configuration{where}; fix these fields or their "
-            f"CONTINUUM_* environment variables:\n{exc}"
+            f"Invalid vllm-continuum configuration{f' (file {path})' if path else ''}; fix "
+            f"these fields in --additional-config '{{\"{ADDITIONAL_CONFIG_KEY}\": {{...}}}}', "
+            f"their CONTINUUM_* environment variables or the YAML file:\n{exc}"
         ) from exc
+    finally:
+        _sources.reset(token)
+
+
+def config_from_vllm(vllm_config: object) -> ContinuumConfig:
+    """The config of a scheduler vLLM builds: `--additional-config`'s
+    `continuum` section over the other sources."""
+    additional = getattr(vllm_config, "additional_config", None) or {}
+    section = additional.get(ADDITIONAL_CONFIG_KEY, {}) if isinstance(additional, Mapping) else {}
+    if isinstance(section, str):  # a JSON string inside the JSON, tolerated
+        try:
+            section = json.loads(section)
+        except ValueError as exc:
+            raise ConfigError(f"--additional-config {ADDITIONAL_CONFIG_KEY!r}: {exc}") from exc
+    if not isinstance(section, Mapping):
+        raise ConfigError(
+            f"--additional-config's {ADDITIONAL_CONFIG_KEY!r} must be an object of settings, "
+            f"e.g. '{{\"{ADDITIONAL_CONFIG_KEY}\": {{\"max_ttl_s\": 10}}}}'; got {section!r}"
+        )
+    section = dict(section)
+    return load_config(section.pop(CONFIG_FILE_KEY, None), **section)
+
+
+def additional_config_arg(settings: Mapping[str, object]) -> list[str]:
+    """The `vllm serve` arguments that pass `settings` to the plugin."""
+    return ["--additional-config", json.dumps({ADDITIONAL_CONFIG_KEY: dict(settings)})]
 
 
 def named_yaml(name_or_path: str | os.PathLike, directory: Path, what: str) -> Path:

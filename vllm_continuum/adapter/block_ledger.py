@@ -1,5 +1,5 @@
 """Taking, returning and weighing KV block references: the only code that
-touches vLLM's block pool.
+touches vLLM's block pool (`vllm_continuum.core.ledger.BlockLedger` over it).
 
 A pin holds exactly the references a finished request held, taken with
 `pop_blocks_for_free` (upstream's own "pop now, free later" path). Giving
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 logger = init_logger("vllm.continuum")
 
 
-class BlockLedger:
+class VllmBlockLedger:
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
         self._pool = scheduler.kv_cache_manager.block_pool

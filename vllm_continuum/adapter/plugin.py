@@ -66,8 +66,6 @@ def resolve_scheduler_cls(async_scheduling: bool) -> type:
     from vllm_continuum.adapter.compat import check_vllm_version
 
     check_vllm_version()
-    from vllm_continuum.adapter.affinity import with_affinity_signal
     from vllm_continuum.adapter.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
 
-    # The broken-affinity counter (vllm_continuum.adapter.affinity) rides in front.
-    return with_affinity_signal(ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler)
+    return ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler

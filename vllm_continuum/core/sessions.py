@@ -17,11 +17,24 @@ the queue nor records a tool duration.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from vllm_continuum.core.pin_table import Anchor
+
+_MAX_SESSION_KEY_LENGTH = 128
+
+
+def session_key(session_id: str | None) -> str | None:
+    """The session a request belongs to (vLLM's `session_id`), as pins key it.
+
+    Client-chosen ids can be huge; long ones are kept as a fixed-size digest.
+    """
+    if not session_id or len(session_id) <= _MAX_SESSION_KEY_LENGTH:
+        return session_id or None
+    return "sha256:" + hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass

@@ -8,17 +8,18 @@ outputs.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_continuum.atomic_dir import replacing_dir
+from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.pressure import pressure_variants
 from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
+from vllm_continuum.core.workload import WorkloadModel
 from vllm_continuum.sim.cost_model import CostModel
 from vllm_continuum.sim.scheduler_factory import new_scheduler
 
@@ -89,19 +90,11 @@ class OracleTTLPolicy(TTLPolicy):
         return TTLDecision(d + self.slack_s, f"oracle-{self.mode}")
 
 
-@contextlib.contextmanager
-def continuum_env(settings: dict[str, str]) -> Iterator[None]:
-    """CONTINUUM_* variables for the scheduler's construction only."""
-    saved = {k: v for k, v in os.environ.items() if k.startswith("CONTINUUM_")}
-    for k in saved:
-        del os.environ[k]
-    os.environ.update({f"CONTINUUM_{k}": v for k, v in settings.items()})
-    try:
-        yield
-    finally:
-        for k in [k for k in os.environ if k.startswith("CONTINUUM_")]:
-            del os.environ[k]
-        os.environ.update(saved)
+def sim_config(settings: dict[str, str]) -> ContinuumConfig:
+    """A scheduler's config from CONTINUUM_*-style settings ({"TTL_POLICY": "never"},
+    JSON for mappings and lists), independent of the process environment."""
+    fields = {k.lower(): (json.loads(v) if v[:1] in "{[" else v) for k, v in settings.items()}
+    return load_config(use_env=False, **fields)
 
 
 def sim_model_dir(max_model_len: int) -> str:
@@ -124,6 +117,28 @@ def sim_model_dir(max_model_len: int) -> str:
         config["max_position_embeddings"] = max_model_len
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
     return str(target)
+
+
+def oracle_policy_factory(
+    durations: Callable[[str], float | None], cost: CostModel, mode: str,
+    prefill_profile_path: str | None,
+) -> Callable[[ContinuumConfig, WorkloadModel], TTLPolicy]:
+    """The scheduler's TTL policy factory for the oracle policies."""
+
+    def make(config: ContinuumConfig, workload: WorkloadModel) -> TTLPolicy:
+        benefit = None
+        if mode == "eq2":
+            from vllm_continuum.core.prefill_profile import PrefillProfile
+
+            profile = PrefillProfile.load(prefill_profile_path) if prefill_profile_path else PrefillProfile()
+
+            def benefit(turn: TurnEnd) -> float:
+                return max(0.0, workload.mean_queueing_delay_s * workload.eta
+                           + profile.seconds(turn.num_context_tokens))
+
+        return OracleTTLPolicy(durations, slack_s=cost.max_step_s(), mode=mode, benefit=benefit)
+
+    return make
 
 
 @dataclass
@@ -154,30 +169,20 @@ def build_scheduler(
     if prefill_profile_path:
         settings.setdefault("PREFILL_PROFILE", prefill_profile_path)
     cls = ContinuumScheduler if is_continuum else Scheduler
-    os.environ.pop("CONTINUUM_METRICS_DIR", None)  # no metrics export from a simulation
-    with continuum_env(settings if is_continuum else {}):
-        scheduler = new_scheduler(
-            cls, sim_model_dir(cost.max_model_len), num_blocks=cost.num_gpu_blocks,
-            block_size=cost.block_size, max_model_len=cost.max_model_len,
-            max_num_seqs=cost.max_num_seqs, max_num_batched_tokens=cost.max_num_batched_tokens,
-        )
+    extra: dict[str, object] = {}
     if is_continuum:
-        scheduler.clock = clock
+        extra = {"continuum_config": sim_config(settings), "continuum_clock": clock}
         if policy.startswith("oracle"):
             assert oracle_durations is not None
-            mode = "eq2" if policy.startswith("oracle-eq2") else "always"
-            benefit = None
-            if mode == "eq2":
-                from vllm_continuum.core.prefill_profile import PrefillProfile
-
-                profile = PrefillProfile.load(prefill_profile_path) if prefill_profile_path else PrefillProfile()
-                workload = scheduler.workload
-
-                def benefit(turn: TurnEnd) -> float:
-                    return max(0.0, workload.mean_queueing_delay_s * workload.eta
-                               + profile.seconds(turn.num_context_tokens))
-
-            scheduler.ttl_policy = OracleTTLPolicy(
-                oracle_durations, slack_s=cost.max_step_s(), mode=mode, benefit=benefit
+            extra["continuum_ttl_policy"] = oracle_policy_factory(
+                oracle_durations, cost, "eq2" if policy.startswith("oracle-eq2") else "always",
+                prefill_profile_path,
             )
+    os.environ.pop("CONTINUUM_METRICS_DIR", None)  # no metrics export from a simulation
+    scheduler = new_scheduler(
+        cls, sim_model_dir(cost.max_model_len), num_blocks=cost.num_gpu_blocks,
+        block_size=cost.block_size, max_model_len=cost.max_model_len,
+        max_num_seqs=cost.max_num_seqs, max_num_batched_tokens=cost.max_num_batched_tokens,
+        **extra,
+    )
     return BuiltScheduler(scheduler, policy, is_continuum, settings if is_continuum else {})

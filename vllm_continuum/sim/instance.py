@@ -88,10 +88,10 @@ class Instance:
     def holds_pin_for(self, request, now: float) -> bool:
         """A continuum pin whose context this request continues and whose TTL has
         not passed (an expired one is released at the instance's next call)."""
-        pins = getattr(self.scheduler, "pins", None)
+        pins = getattr(getattr(self.scheduler, "continuum", None), "pins", None)
         if not pins or not request.session_id:
             return False
-        from vllm_continuum.adapter.scheduler_mixin import session_key
+        from vllm_continuum.core.sessions import session_key
 
-        pin = pins.continued_by(session_key(request), request.block_hashes)
+        pin = pins.continued_by(session_key(request.session_id), request.block_hashes)
         return pin is not None and pin.expires_at > now

@@ -306,7 +306,7 @@ class Simulation:
             "pool_usage_max": stats.usage_max,
         })
         all_cs = [cs for inst in self.instances
-                  if (cs := getattr(inst.scheduler, "continuum_stats", None)) is not None]
+                  if (cs := getattr(getattr(inst.scheduler, "continuum", None), "stats", None)) is not None]
         if all_cs:
             self.result.meta["continuum_stats"] = {
                 "pins_by_tool": _merge_counts(cs.pins_by_tool for cs in all_cs),

@@ -22,7 +22,9 @@ def new_scheduler(
     policy: str = "fcfs",
     log_stats: bool = False,
     enable_prefix_caching: bool = True,
+    **scheduler_kwargs,
 ):
+    """`scheduler_kwargs` go to the class (e.g. `continuum_config=`, `continuum_clock=`)."""
     import torch
     from vllm.config import (
         CacheConfig,
@@ -68,4 +70,5 @@ def new_scheduler(
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=block_size,
         log_stats=log_stats,
+        **scheduler_kwargs,
     )

@@ -17,7 +17,8 @@ its output); the next prompt extends that one, and more tool results in the
 appended part than calls made means turns ran elsewhere in between. Cost:
 one scan of the appended tokens per new request (of a new session: up to
 its first tool result). Each such request counts once as an affinity miss
-(`continuum_affinity_misses_total`).
+(`continuum_affinity_misses_total`). The adapter feeds it from the
+scheduler's `add_request` and the finish of a request.
 
 Why this signal: it needs nothing from the router or the client (no header,
 no shared state), costs one scan of the prompt's token ids per new request,
@@ -37,10 +38,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-TOOL_RESULT_TOKEN = "<tool_response>"
-TOOL_CALL_TOKEN = "<tool_call>"
-
 
 def count_token(token_ids: Sequence[int], token_id: int | None) -> int:
     """Occurrences of `token_id` (C speed on lists: ~0.1 ms per 100k tokens)."""
@@ -111,76 +108,3 @@ class AffinityMonitor:
         seen = self._seen.get(session) if session else None
         if seen is not None and seen.request_id == request_id:
             seen.calls_in_output = count_token(output_token_ids, self.call_token_id)
-
-
-def token_id(tokenizer, token: str) -> int | None:
-    if tokenizer is None:
-        return None
-    try:
-        return tokenizer.get_vocab().get(token)
-    except Exception:  # noqa: BLE001  (a tokenizer quirk must not break the engine)
-        return None
-
-
-class AffinitySignalMixin:
-    """Feeds an `AffinityMonitor` from vLLM's scheduler hooks (`add_request`,
-    `_free_request_blocks` of a finished request); counts misses in
-    `self.continuum_stats`. Goes in front of the continuum scheduler classes
-    (see `vllm_continuum.adapter.plugin`)."""
-
-    def _affinity_monitor(self) -> AffinityMonitor:
-        monitor = getattr(self, "_continuum_affinity", None)
-        if monitor is None:
-            tokenizer = getattr(getattr(self, "structured_output_manager", None), "tokenizer", None)
-            cfg = getattr(self, "continuum_config", None)
-            marker = getattr(cfg, "tool_result_token", TOOL_RESULT_TOKEN)
-            call = getattr(cfg, "tool_call_token", TOOL_CALL_TOKEN)
-            stats = getattr(self, "continuum_stats", None)
-            monitor = AffinityMonitor(
-                token_id(tokenizer, marker),
-                token_id(tokenizer, call),
-                on_miss=stats.on_affinity_miss if stats is not None else (lambda: None),
-                max_sessions=getattr(
-                    getattr(self, "continuum_config", None), "max_tracked_sessions", 100_000
-                ),
-            )
-            self._continuum_affinity = monitor
-        return monitor
-
-    def add_request(self, request) -> None:
-        if request.request_id not in self.requests:
-            try:
-                self._affinity_monitor().on_arrival(
-                    _session(request), request.request_id, request.prompt_token_ids or ()
-                )
-            except Exception:  # noqa: BLE001  (a metric must never fail a request)
-                pass
-        super().add_request(request)
-
-    def _free_request_blocks(self, request) -> None:
-        if request.is_finished():
-            try:
-                self._affinity_monitor().on_finish(
-                    _session(request), request.request_id, request.output_token_ids
-                )
-            except Exception:  # noqa: BLE001
-                pass
-        super()._free_request_blocks(request)
-
-
-def _session(request) -> str | None:
-    from vllm_continuum.adapter.scheduler_mixin import session_key
-
-    return session_key(request)
-
-
-def with_affinity_signal(cls: type) -> type:
-    """`cls` with the affinity signal in front, same name (cached per class)."""
-    cached = _COMPOSED.get(cls)
-    if cached is None:
-        cached = type(cls.__name__, (AffinitySignalMixin, cls), {"__doc__": cls.__doc__})
-        _COMPOSED[cls] = cached
-    return cached
-
-
-_COMPOSED: dict[type, type] = {}

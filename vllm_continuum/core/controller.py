@@ -1,0 +1,438 @@
+"""Every pin rule, in one class that knows nothing of vLLM.
+
+The adapter (`vllm_continuum.adapter.scheduler_mixin`) forwards vLLM's
+scheduler hooks here; `PinController` decides, over a `BlockLedger` and the
+requests as vLLM gives them (only the attributes of `TurnRequest` are read).
+
+- A pin is made in `on_finished` -> `_pin`: a finished turn of a session that
+  called a tool keeps its block references for a TTL (`ttl.py`), within the
+  session's quota (`_within_session_quota`) and the pool's cap
+  (`_room_under_cap`, which may release pins of later programs).
+- A pin is released by `_release`, for one of `ReleaseReason`: its next turn
+  was admitted (`on_admitted`), its TTL passed (`release_expired`, with one
+  step of grace for a queued next turn), an allocation needed its blocks
+  (`retry_with_pins_released`, as `pressure.py` allows), the cap made room,
+  the session ended or aborted (`on_finished`), or a newer pin of the same
+  context holds all its blocks.
+- The waiting queue (`waiting_queue.py`) asks it for lanes and keys, and the
+  waiting bound (`waiting_bound.py`) for who is overdue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from vllm_continuum.core.hints import NO_HINTS, Hints, parse_hints
+from vllm_continuum.core.ledger import BlockLedger
+from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
+from vllm_continuum.core.pressure import may_release_pins, pins_to_release
+from vllm_continuum.core.sessions import SessionRegistry, session_key
+from vllm_continuum.core.ttl import TTLPolicy, TurnEnd, make_ttl_policy
+from vllm_continuum.core.waiting_bound import WaitingBound
+from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
+from vllm_continuum.core.workload import WorkloadModel
+
+if TYPE_CHECKING:
+    from vllm_continuum.config import ContinuumConfig
+    from vllm_continuum.stats import ContinuumStats
+
+logger = logging.getLogger("vllm.continuum")
+
+T = TypeVar("T")
+
+
+class TurnRequest(Protocol):
+    """The attributes of a vLLM `Request` the controller reads."""
+
+    request_id: str
+    session_id: str | None
+    block_hashes: Sequence[Hashable]
+    num_prompt_tokens: int
+    num_tokens: int
+    num_output_tokens: int
+    arrival_time: float
+    priority: int
+
+
+@dataclass
+class Turn:
+    """What the controller keeps about a request until it is freed."""
+
+    hints: Hints
+    enqueued_at: float  # controller clock: orders arrivals for the waiting bound
+    program_arrival: float  # queue key: the program's first arrival if it continues it
+    continues: bool = False  # its prompt continues its session's last turn
+    first_turn: bool = False  # no turn of its session had ended before it
+    resuming: tuple[bool, float] | None = None  # (found a pin, arrival) until admitted
+
+
+class PinController:
+    def __init__(
+        self,
+        config: ContinuumConfig,
+        ledger: BlockLedger,
+        stats: ContinuumStats,
+        *,
+        block_size: int,
+        hash_block_size: int,
+        one_kv_group: bool = True,
+        by_priority: bool = False,
+        pinning: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        ttl_policy: Callable[[ContinuumConfig, WorkloadModel], TTLPolicy] = make_ttl_policy,
+        waiting_of: Callable[[str], Iterable[TurnRequest]] = lambda session: (),
+        on_lane_change: Callable[[str], None] = lambda session: None,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.stats = stats
+        self.clock = clock
+        self.block_size = block_size
+        self.hash_block_size = hash_block_size
+        self.hashes_per_block = max(1, block_size // hash_block_size)
+        self.one_kv_group = one_kv_group  # else a pin cannot keep only its first blocks
+        self.pinning = pinning  # False without prefix caching: a pin could never be hit
+        self.level: Callable[[TurnRequest], int] = (
+            (lambda r: r.priority) if by_priority else (lambda r: 0)
+        )
+        self.workload = WorkloadModel(
+            config.duration_history, config.queueing_window, config.program_window
+        )
+        self.ttl_policy = ttl_policy(config, self.workload)
+        self.pins = PinTable()
+        self.sessions = SessionRegistry(config.max_tracked_sessions)
+        self.bound = WaitingBound(config.max_queue_delay_s)
+        self.turns: dict[str, Turn] = {}
+        self.step = 0  # scheduling steps so far: an expired pin's grace is one of them
+        self._waiting_of = waiting_of  # queued requests that may be `session`'s
+        self._on_lane_change = on_lane_change
+        self._warned_hints: set[str] = set()
+
+    # ------------------------------------------------------------- the queue
+    def lane_queue(
+        self, preempted: Callable[[T], bool], waiting: Callable[[T], bool]
+    ) -> LaneQueue[T]:
+        """Program-level FCFS with a pinned lane and the waiting bound."""
+        return LaneQueue(
+            lane_of=lambda r: PREEMPTED if preempted(r) else self.lane_of(r),
+            key_of=self.queue_key,
+            session_of=lambda r: session_key(r.session_id),
+            enqueued_at=self.enqueued_at,
+            overdue=lambda r: waiting(r) and self.overdue(r),
+            priority_of=self.level,
+        )
+
+    def lane_of(self, request: TurnRequest) -> int:
+        pinned = self.pins.continued_by(session_key(request.session_id), request.block_hashes)
+        return PINNED if pinned is not None else REGULAR
+
+    def queue_key(self, request: TurnRequest) -> tuple:
+        """Program-level FCFS: by the program's first arrival, then the request's."""
+        turn = self.turns.get(request.request_id)
+        program = turn.program_arrival if turn is not None else request.arrival_time
+        return (program, request.arrival_time, request.request_id)
+
+    def enqueued_at(self, request: TurnRequest) -> float:
+        turn = self.turns.get(request.request_id)
+        return turn.enqueued_at if turn is not None else self.clock()
+
+    def overdue(self, request: TurnRequest) -> bool:
+        """Its extra wait lasted the bound: it goes first, and pins give way to it."""
+        turn = self.turns.get(request.request_id)
+        return turn is not None and self.bound.overdue(
+            turn.enqueued_at, self.level(request), self.clock()
+        )
+
+    # ------------------------------------------------------------ step side
+    def begin_step(self) -> None:
+        self.step += 1
+        self.release_expired(grace_until=self.step)
+
+    def after_step(self, admitted: Iterable[tuple[TurnRequest, int]], oldest_waiting: float | None) -> None:
+        """`admitted`: (request, cached tokens) of each request the step admitted;
+        `oldest_waiting`: when the oldest request still waiting was enqueued."""
+        for request, num_cached_tokens in admitted:
+            self._on_admitted(request, num_cached_tokens)
+        self.bound.prune(oldest_waiting if oldest_waiting is not None else self.clock())
+
+    # --------------------------------------------------------- arrival side
+    def on_arrival(self, request: TurnRequest, extra_args: Mapping[str, object] | None) -> None:
+        """A new request: read its hints, and whether it continues its session."""
+        self._end_idle_programs()
+        hints = parse_hints(extra_args, self.config.max_hint_tool_name_length)
+        if hints.invalid:
+            self._count_invalid_hints(request.request_id, hints, extra_args)
+        now = self.clock()
+        turn = Turn(hints, enqueued_at=now, program_arrival=request.arrival_time)
+        self.turns[request.request_id] = turn
+        session = session_key(request.session_id)
+        if session is None:
+            return
+        arrival = self.sessions.observe_arrival(
+            session, request.arrival_time, now, request.block_hashes
+        )
+        turn.continues, turn.first_turn = arrival.continues, arrival.first_turn
+        if arrival.measured is not None:
+            tool, seconds = arrival.measured
+            self.workload.durations.add(tool, seconds)
+            self.stats.on_tool_duration(tool, seconds)
+        if arrival.continues:
+            turn.program_arrival = arrival.state.first_arrival
+            had_pin = self.pins.continued_by(session, request.block_hashes) is not None
+            turn.resuming = (had_pin, now)
+
+    def _end_idle_programs(self) -> None:
+        horizon = self.config.program_idle_horizon_s
+        for _, turns in self.sessions.pop_idle(self.clock(), horizon):
+            self.workload.programs.add(turns)
+
+    def _on_admitted(self, request: TurnRequest, num_cached_tokens: int) -> None:
+        turn = self.turns.get(request.request_id)
+        if turn is not None:
+            self.bound.went_ahead(turn.enqueued_at, self.level(request), self.clock())
+            if turn.resuming is not None:
+                had_pin, arrived = turn.resuming
+                turn.resuming = None
+                if not had_pin:  # T: what turns that lost their cache waited
+                    self.workload.queueing.add(self.clock() - arrived)
+                self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens)
+        pin = self.pins.continued_by(session_key(request.session_id), request.block_hashes)
+        if pin is not None and pin.request_id != request.request_id:
+            # The turn's allocation touched the pinned blocks it hit: hand over.
+            self._release(pin, ReleaseReason.RESUMED)
+
+    # ---------------------------------------------------------- finish side
+    def on_finished(
+        self, request: TurnRequest, aborted: bool, tool_called: Callable[[], str | None]
+    ) -> bool:
+        """A finished request: True if a pin now holds its blocks (the adapter
+        must not free them). `tool_called` reads the tool from its output."""
+        turn = self.turns.pop(request.request_id, None)
+        session = session_key(request.session_id)
+        if session is None:
+            return False
+        hints = turn.hints if turn is not None else NO_HINTS
+        # Only the program's own turns (its first, or one continuing its last)
+        # speak for the session; a request that merely carries the id does not.
+        of_program = turn is None or turn.continues or turn.first_turn
+        hashes = request.block_hashes
+        # A stop string also ends a turn as an abort (the front end aborts
+        # it), so an abort with output is judged by that output.
+        tool = None
+        if request.num_output_tokens:
+            tool = hints.tool or tool_called()
+            if of_program:
+                anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self.hash_block_size)
+                self.sessions.observe_turn_end(session, self.clock(), tool, anchor)
+        if hints.last_turn:
+            if of_program:
+                for pin in self.pins.of_session(session):
+                    self._release(pin, ReleaseReason.LAST_TURN)
+                self.workload.programs.add(self.sessions.end_program(session))
+            else:
+                self._release_continued(session, hashes, ReleaseReason.LAST_TURN)
+            return False
+        if tool is None:
+            if aborted:
+                self._release_continued(session, hashes, ReleaseReason.ABORTED)
+            return False
+        if not self.pinning:
+            return False
+        program_arrival = turn.program_arrival if turn is not None else request.arrival_time
+        return self._pin(request, session, tool, hints, program_arrival)
+
+    def _pin(
+        self, request: TurnRequest, session: str, tool: str, hints: Hints, arrival: float
+    ) -> bool:
+        blocks, fence = self.ledger.take(request)
+        hashes = tuple(request.block_hashes)
+        replaced, kept = self._within_session_quota(session, blocks, hashes)
+        kept_ids = self.ledger.ids(blocks[:kept])
+        kept_hashes = hashes[: kept * self.hashes_per_block]
+        anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
+        ttl_s = 0.0
+        if kept_ids and anchor is not None:
+            # The TTL is decided on what the pin will actually keep.
+            kept_tokens = min(request.num_tokens, kept * self.block_size)
+            decision = self.ttl_policy.decide(
+                TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s)
+            )
+            ttl_s = decision.ttl_s
+            self.stats.on_ttl_decision(tool, ttl_s, decision.source)
+            logger.debug(
+                "continuum: session=%s tool=%s ttl=%.3fs source=%s",
+                session, tool, ttl_s, decision.source,
+            )
+        victims = self._room_under_cap(kept_ids, replaced, arrival) if ttl_s > 0 else None
+        if victims is None:
+            if ttl_s > 0:
+                self.stats.on_pin_refused(tool)
+            self.ledger.give_back(blocks, fence)
+            return False
+        self.ledger.give_back(blocks[kept:], fence)
+        for old in replaced:
+            self._release(old, ReleaseReason.REPLACED)
+        for victim in victims:
+            self._release(victim, ReleaseReason.PRESSURE)
+        now = self.clock()
+        pin = Pin(
+            session_id=session,
+            request_id=request.request_id,
+            tool=tool,
+            blocks=blocks[:kept],
+            block_ids=kept_ids,
+            created_at=now,
+            expires_at=now + ttl_s,
+            session_arrival=arrival,
+            anchor=anchor,
+            hashes=kept_hashes,
+            fence=fence,
+        )
+        self.pins.add(pin)
+        self.stats.on_pin(pin)
+        self._on_lane_change(session)
+        return True
+
+    def _within_session_quota(self, session: str, blocks: list, hashes: tuple) -> tuple[list[Pin], int]:
+        """(pins the new one replaces, how many leading blocks it keeps) so that
+        the session's pins hold at most `max_session_pinned_fraction` of the
+        pool in distinct blocks. The first blocks are kept: its next turn hits
+        them (hashes chain from the start). Models with several KV cache groups
+        cannot be cut that way: all or nothing."""
+        quota = int(self.config.max_session_pinned_fraction * self.ledger.pool_size)
+        kept = len(blocks)
+        while True:  # fewer kept blocks replace fewer pins: a few rounds at most
+            replaced = self.pins.subsumed_by(session, hashes[: kept * self.hashes_per_block])
+            others = {b for p in self.pins.of_session(session) if p not in replaced for b in p.block_ids}
+            new = [i for i, b in enumerate(self.ledger.ids(blocks[:kept], keep_null=True))
+                   if b is not None and b not in others]
+            room = quota - len(others)
+            if len(new) <= room or kept == 0:
+                return replaced, kept
+            kept = new[room] if self.one_kv_group and room > 0 else 0
+
+    def _room_under_cap(
+        self, ids: tuple[int, ...], replaced: list[Pin], arrival: float
+    ) -> list[Pin] | None:
+        """The pins of later programs to release so that a new pin of `ids`
+        fits under `max_pinned_fraction` (distinct blocks, `replaced` gone);
+        None if it cannot fit: then nothing is released."""
+        cap = int(self.config.max_pinned_fraction * self.ledger.pool_size)
+        total = self.pins.count_with(ids, without=replaced)
+        if total <= cap:
+            return []
+        candidates = [
+            p for p in self.pins.release_order()
+            if p.session_arrival > arrival and p not in replaced
+        ]
+        going = Counter(b for p in replaced for b in p.block_ids)
+        victims = pins_to_release(
+            candidates, total - cap, lambda b: self.pins.refs(b) - going[b], keep=set(ids)
+        )
+        return victims or None
+
+    # -------------------------------------------------------- release side
+    def release_all(self, reason: ReleaseReason) -> None:
+        for pin in self.pins:
+            self._release(pin, reason)
+
+    def _release(self, pin: Pin, reason: ReleaseReason) -> None:
+        if not self.pins.remove(pin):
+            return
+        self.ledger.give_back(pin.blocks, pin.fence)
+        self.stats.on_release(pin, reason, self.clock())
+        self._on_lane_change(pin.session_id)
+
+    def _release_continued(self, session: str, hashes: Sequence[Hashable], reason: ReleaseReason) -> None:
+        pin = self.pins.continued_by(session, hashes)
+        if pin is not None:
+            self._release(pin, reason)
+
+    def release_expired(self, grace_until: int) -> None:
+        """The TTL is a hard bound, but for one scheduling step of grace when
+        the pinned context's next turn is already queued (it is being admitted)."""
+        if not self.pins:
+            return
+        for pin in self.pins.expired(self.clock()):
+            if pin.grace_step is None and self._next_turn_waiting(pin):
+                pin.grace_step = grace_until
+            if pin.grace_step is not None and self.step <= pin.grace_step:
+                self.pins.requeue(pin)
+            else:
+                self._release(pin, ReleaseReason.EXPIRED)
+
+    def _next_turn_waiting(self, pin: Pin) -> bool:
+        return pin.anchor is not None and any(
+            session_key(r.session_id) == pin.session_id and pin.anchor.continued_by(r.block_hashes)
+            for r in self._waiting_of(pin.session_id)
+        )
+
+    def retry_with_pins_released(
+        self,
+        request: TurnRequest,
+        retry: Callable[[], T | None],
+        *,
+        shortfall: int | None,
+        keep: frozenset[int],
+        running: bool,
+        preempted: bool,
+        waiting: bool,
+        anything_running: bool,
+    ) -> T | None:
+        """After an allocation for `request` failed: release the fewest pins
+        that cover its `shortfall` of blocks (None: unknown) and `retry` once,
+        if the pressure policy allows. If no set of pins covers it, or the
+        retry fails anyway, nothing is released."""
+        candidates = [p for p in self.pins.release_order() if self.ledger.can_give_back_now(p.fence)]
+        victims = pins_to_release(candidates, shortfall, self.ledger.ref_count, keep=keep)
+        if not victims:
+            return None
+        if not may_release_pins(
+            self.config.pressure_policy,
+            running,
+            anything_running=anything_running,
+            preempted=preempted,
+            overdue=waiting and self.overdue(request),
+        ):
+            # Pins could make room but are kept: everyone waiting waits for them.
+            self.bound.held_by_pins(self.level(request), self.clock())
+            return None
+        for pin in victims:
+            self.pins.remove(pin)
+            self.ledger.give_back(pin.blocks, pin.fence)
+        allocated = retry()
+        if allocated is None:  # the estimate was wrong: restore, nothing was taken
+            logger.debug("continuum: %d pins did not cover the shortfall of %s; kept",
+                         len(victims), request.request_id)
+            for pin in victims:
+                self.ledger.take_back(pin.blocks)
+                self.pins.add(pin)
+            return None
+        now = self.clock()
+        for pin in victims:
+            self.stats.on_release(pin, ReleaseReason.PRESSURE, now)
+            self._on_lane_change(pin.session_id)
+        return allocated
+
+    # ------------------------------------------------------------ utilities
+    def held(self, session: str) -> bool:
+        """Whether one of the session's pins is past its TTL, kept for its queued turn."""
+        return any(p.grace_step is not None for p in self.pins.of_session(session))
+
+    def _count_invalid_hints(self, request_id: str, hints: Hints, extra) -> None:
+        self.stats.on_invalid_hints(len(hints.invalid))
+        for key in hints.invalid:
+            value = repr(extra.get(key))[:80]
+            if key not in self._warned_hints:
+                self._warned_hints.add(key)
+                logger.warning(
+                    "continuum: ignoring invalid hint %s=%s on request %s (further "
+                    "invalid %s hints are only counted)", key, value, request_id, key,
+                )
+            else:
+                logger.debug("continuum: ignoring invalid hint %s=%s", key, value)
