@@ -26,6 +26,12 @@ def test_entry_point_is_declared():
     assert any(ep.name == "continuum" and ep.value == "vllm_continuum.adapter.plugin:register" for ep in plugins)
 
 
+@pytest.fixture(autouse=True)
+def _own_metrics_dir(tmp_path, monkeypatch):
+    """register() exports CONTINUUM_METRICS_DIR for the engine core: keep it to this test."""
+    monkeypatch.setenv("CONTINUUM_METRICS_DIR", str(tmp_path / "metrics"))
+
+
 def test_register_is_idempotent_and_resolves_the_short_name():
     register()
     wrapped = SchedulerConfig.get_scheduler_cls

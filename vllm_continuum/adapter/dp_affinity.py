@@ -27,9 +27,10 @@ import hashlib
 import logging
 import os
 
+from vllm_continuum.adapter.patching import patch_once
+
 logger = logging.getLogger("vllm.continuum.dp")
 ENV_SWITCH = "CONTINUUM_DP_SESSION_AFFINITY"
-_MARK = "_vllm_continuum_dp_affinity"
 
 
 def rank_for_session(session_id: str, num_ranks: int) -> int:
@@ -65,30 +66,27 @@ def install() -> bool:
         from vllm.v1.engine.core_client import DPLBAsyncMPClient
     except ImportError:  # a vLLM without internal DP load balancing
         return False
-    stock = DPLBAsyncMPClient.get_core_engine_for_request
-    if getattr(stock, _MARK, False):
-        return True
+    def wrap(stock):
+        def get_core_engine_for_request(self, request):
+            try:
+                on = getattr(self, "_continuum_dp_affinity", None)
+                if on is None:
+                    on = self._continuum_dp_affinity = runs_continuum(
+                        getattr(self, "vllm_config", None)
+                    )
+                if on and request.request_id not in getattr(self, "reqs_in_flight", {}):
+                    rank = choose_rank(
+                        getattr(request, "session_id", None),
+                        request.data_parallel_rank,
+                        len(self.core_engines),
+                    )
+                    if rank is not None and rank != request.data_parallel_rank:
+                        request.data_parallel_rank = rank
+            except Exception as exc:  # noqa: BLE001  (never fail a request for affinity)
+                logger.debug("continuum: DP session affinity skipped (%r)", exc)
+            return stock(self, request)
 
-    def get_core_engine_for_request(self, request):
-        try:
-            on = getattr(self, "_continuum_dp_affinity", None)
-            if on is None:
-                on = self._continuum_dp_affinity = runs_continuum(
-                    getattr(self, "vllm_config", None)
-                )
-            if on and request.request_id not in getattr(self, "reqs_in_flight", {}):
-                rank = choose_rank(
-                    getattr(request, "session_id", None),
-                    request.data_parallel_rank,
-                    len(self.core_engines),
-                )
-                if rank is not None and rank != request.data_parallel_rank:
-                    request.data_parallel_rank = rank
-        except Exception as exc:  # noqa: BLE001  (never fail a request for affinity)
-            logger.debug("continuum: DP session affinity skipped (%r)", exc)
-        return stock(self, request)
+        return get_core_engine_for_request
 
-    setattr(get_core_engine_for_request, _MARK, True)
-    get_core_engine_for_request.__doc__ = stock.__doc__
-    DPLBAsyncMPClient.get_core_engine_for_request = get_core_engine_for_request
+    patch_once(DPLBAsyncMPClient, "get_core_engine_for_request", wrap)
     return True

