@@ -9,7 +9,7 @@ requests as vLLM gives them (only the attributes of `TurnRequest` are read).
   session's quota (`_within_session_quota`) and the pool's cap
   (`_room_under_cap`, which may release pins of later programs).
 - A pin is released by `_release`, for one of `ReleaseReason`: its next turn
-  was admitted (`on_admitted`), its TTL passed (`release_expired`, with one
+  was admitted (`after_step`), its TTL passed (`release_expired`, with one
   step of grace for a queued next turn), an allocation needed its blocks
   (`retry_with_pins_released`, as `pressure.py` allows), the cap made room,
   the session ended or aborted (`on_finished`), or a newer pin of the same
