@@ -21,7 +21,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from vllm_continuum.adapter.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
-from vllm_continuum.sim.scheduler_factory import new_scheduler
+from vllm_continuum.experiments.sim.driver import new_scheduler
 
 BLOCK_SIZE = 16
 EOS_TOKEN_ID = 0

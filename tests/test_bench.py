@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from vllm_continuum.bench.compare import merge_runs, one_shot_line, round_table
-from vllm_continuum.bench.replay import ProgramRecord, RunResult, TurnRecord, new_tokens
-from vllm_continuum.bench.report import markdown_table, plot_runs, summarize, write_runs
-from vllm_continuum.bench.trace import Program, Trace, Turn
+from vllm_continuum.experiments.live.compare import merge_runs, one_shot_line, round_table
+from vllm_continuum.experiments.live.replay import ProgramRecord, RunResult, TurnRecord, new_tokens
+from vllm_continuum.experiments.report import markdown_table, plot_runs, summarize, write_runs
+from vllm_continuum.experiments.trace_format import Program, Trace, Turn
 
 
 def _run(label: str, jct: float, cached: int) -> RunResult:
@@ -84,7 +84,7 @@ def test_one_shot_columns_from_known_inputs(tmp_path):
 def test_replay_sends_one_shot_requests_without_session(monkeypatch):
     """The replay client's bodies: an agent turn carries its session and hints, a
     one-shot request neither; each is recorded where it belongs."""
-    from vllm_continuum.bench import replay as replay_mod
+    from vllm_continuum.experiments.live import replay as replay_mod
 
     bodies = []
 
@@ -124,7 +124,7 @@ def test_live_replay(live_servers, tmp_path):
     apart, and the report (JSON, table, plots) is written."""
     import json
 
-    from vllm_continuum.bench.compare import run_bench
+    from vllm_continuum.experiments.live.compare import run_bench
 
     trace = Trace([
         Program("a", 0.0, (Turn(300, 8, "grep", 0.2), Turn(64, 8, "cat", 0.1), Turn(64, 4))),

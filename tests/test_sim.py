@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_continuum.bench.report import summarize
-from vllm_continuum.bench.workload import load_spec
+from vllm_continuum.experiments.report import summarize
+from vllm_continuum.experiments.workload_spec import load_spec
 from vllm_continuum.core.ttl import TurnEnd
-from vllm_continuum.sim.cost_model import CostModel, Linear, fit_linear, load_cost_model
-from vllm_continuum.sim.engine import OracleTTLPolicy
-from vllm_continuum.sim.loop import Simulation
+from vllm_continuum.experiments.sim.cost_model import CostModel, Linear, fit_linear, load_cost_model
+from vllm_continuum.experiments.sim.policies import OracleTTLPolicy
+from vllm_continuum.experiments.sim.loop import Simulation
 
 # A small server under memory pressure: 3,072 tokens of KV for programs whose
 # contexts reach about 1.5k tokens, several in flight.
@@ -94,7 +94,7 @@ def test_small_mixed_run_keeps_one_shot_requests_apart(mixed_trace, profile_path
 def test_one_shot_requests_carry_no_session(mixed_trace, profile_path):
     """What the scheduler sees: an agent turn has its session and hints, a one-shot
     request neither (so the continuum scheduler can neither pin nor reorder it by session)."""
-    from vllm_continuum.sim.loop import _Live
+    from vllm_continuum.experiments.sim.loop import _Live
 
     sim = Simulation(mixed_trace, SMALL, "continuum", prefill_profile_path=profile_path)
     agent, chat = mixed_trace.agents[0], mixed_trace.one_shots[0]
@@ -152,7 +152,7 @@ def test_oracle_policy():
 
 
 def test_seed_summary_ratios_and_ties():
-    from vllm_continuum.sim.run import seed_summary
+    from vllm_continuum.experiments.sim.run import seed_summary
 
     rows = [
         {"seed": 0, "label": "stock", "jct_mean_s": 20.0},
@@ -172,7 +172,7 @@ def test_seed_summary_ratios_and_ties():
 
 def test_seed_summary_with_one_shot_traffic():
     """The policy's one-shot p99 TTFT over stock's, per seed: 2x and 8x -> geometric mean 4x."""
-    from vllm_continuum.sim.run import seed_summary
+    from vllm_continuum.experiments.sim.run import seed_summary
 
     rows = [{"seed": seed, "label": label, "jct_mean_s": jct, "one_shot_requests": 9,
              "one_shot_ttft_p99_s": p99}
@@ -190,7 +190,7 @@ def test_seed_summary_with_one_shot_traffic():
 def test_policy_names_pick_their_pressure_policy(policy, pressure, profile_path):
     """A plain name runs the configured default (hold); a suffix pins one, so that
     a benchmark's labels stay true when the default changes."""
-    from vllm_continuum.sim.engine import SimClock, build_scheduler
+    from vllm_continuum.experiments.sim.policies import SimClock, build_scheduler
 
     built = build_scheduler(policy, SMALL, SimClock(), prefill_profile_path=profile_path,
                             oracle_durations=lambda request_id: 1.0)
@@ -198,7 +198,7 @@ def test_policy_names_pick_their_pressure_policy(policy, pressure, profile_path)
 
 
 def test_seed_plot_is_written(tmp_path):
-    from vllm_continuum.sim.run import plot_seeds
+    from vllm_continuum.experiments.sim.run import plot_seeds
 
     rows = [{"seed": s, "label": label, "jct_mean_s": jct}
             for s in (0, 1) for label, jct in (("stock", 10.0), ("continuum-hold", 8.0 + s))]
@@ -218,7 +218,7 @@ def test_tiny_case_step_by_step(policy, profile_path):
                tokens, 2 full blocks are cached -> 32 cached, 18 to prefill
       step 3   prefill 18 -> its only token         0.118 s  -> t=1.351, JCT 1.351
     The pool is far from full, so continuum must not change a thing."""
-    from vllm_continuum.bench.trace import Program, Trace, Turn
+    from vllm_continuum.experiments.trace_format import Program, Trace, Turn
 
     cost = SMALL.model_copy(update={"linear": Linear(step_s=0.1, per_token_s=1e-3, per_pair_s=0.0)})
     trace = Trace([Program("p", 0.0, (Turn(32, 2, "t", 1.0), Turn(16, 1)))])
@@ -271,7 +271,7 @@ def _req(session: str | None):
 
 
 def test_hash_ring_by_hand():
-    from vllm_continuum.sim.routing import HashRing
+    from vllm_continuum.experiments.sim.routing import HashRing
 
     keys = [f"session-{k}" for k in range(40)]
     for n, vnodes in ((2, 1), (3, 5), (8, 100)):
@@ -286,7 +286,7 @@ def test_hash_ring_by_hand():
 
 
 def test_routers_by_hand():
-    from vllm_continuum.sim.routing import make_router
+    from vllm_continuum.experiments.sim.routing import make_router
 
     rr = make_router("round_robin", 2)
     assert [rr.route(_req("a"), [_View(5), _View(0)]) for _ in range(4)] == [0, 1, 0, 1]
@@ -327,7 +327,7 @@ def test_routers_by_hand():
 def _three_programs():
     """Two turns each (32 prompt + 2 output tokens, a 1 s tool, then 16 new + 1 output),
     arriving at 0, 0.05 and 0.1 s."""
-    from vllm_continuum.bench.trace import Program, Trace, Turn
+    from vllm_continuum.experiments.trace_format import Program, Trace, Turn
 
     return Trace([Program(pid, t, (Turn(32, 2, "t", 1.0), Turn(16, 1)))
                   for pid, t in (("a", 0.0), ("b", 0.05), ("c", 0.1))])
@@ -355,7 +355,7 @@ def test_two_instances_by_hand(policy, profile_path, tmp_path):
     trace = _three_programs()
     hashed = {p: _ring_owner(p, 2, 100) for p in "abc"}
     assert hashed == {"a": 1, "b": 0, "c": 1}
-    from vllm_continuum.sim.cluster import cluster_row, cluster_table, plot_cluster
+    from vllm_continuum.experiments.sim.cluster import cluster_row, cluster_table, plot_cluster
 
     rows = []
     expected = {
@@ -407,7 +407,7 @@ def test_multi_instance_run_completes_every_turn(policy, trace, profile_path):
     consistent hashing keeps each session on its ring owner, and (with `forever`,
     whose pins never expire) an instance counts a resumed turn as pinned exactly
     when the router sent it to the instance holding its pin."""
-    from vllm_continuum.sim.routing import ROUTINGS
+    from vllm_continuum.experiments.sim.routing import ROUTINGS
 
     n_turns = sum(len(p.turns) for p in trace)
     for routing in ROUTINGS:

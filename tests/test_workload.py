@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from vllm_continuum.bench.trace import FORMAT, Program, Trace, Turn
-from vllm_continuum.bench.workload import WORKLOAD_DIR, load_spec, load_trace
+from vllm_continuum.experiments.trace_format import FORMAT, Program, Trace, Turn
+from vllm_continuum.experiments.workload_spec import WORKLOAD_DIR, load_spec, load_trace
 
 PAPER_WORKLOADS = ["swebench", "bfcl"]
 
@@ -170,7 +170,7 @@ def test_trace_without_header_and_bad_lines(tmp_path):
 
 
 def test_convert_chat_transcripts(tmp_path):
-    from vllm_continuum.bench.convert import convert
+    from vllm_continuum.experiments.transcripts import convert
 
     traj = {  # the shape of a mini-swe-agent trajectory
         "info": {"exit_status": "Submitted"},

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     register_cluster(sub)
 
-    from vllm_continuum.bench.cli import register as register_benchmarks
+    from vllm_continuum.experiments.cli import register as register_benchmarks
 
     register_benchmarks(sub)  # bench, compare, workload, convert, sim, overhead
 

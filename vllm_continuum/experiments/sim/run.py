@@ -18,9 +18,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_continuum.bench.replay import RunResult
-from vllm_continuum.bench.report import COLUMNS as REPORT_COLUMNS
-from vllm_continuum.bench.report import (
+from vllm_continuum.experiments.live.replay import RunResult
+from vllm_continuum.experiments.report import COLUMNS as REPORT_COLUMNS
+from vllm_continuum.experiments.report import (
     has_one_shot,
     markdown_table,
     plot_runs,
@@ -29,10 +29,10 @@ from vllm_continuum.bench.report import (
     summarize,
     write_runs,
 )
-from vllm_continuum.bench.trace import Trace
-from vllm_continuum.bench.workload import load_trace, trace_for_run
-from vllm_continuum.sim.cost_model import CostModel, load_cost_model
-from vllm_continuum.sim.loop import Simulation
+from vllm_continuum.experiments.trace_format import Trace
+from vllm_continuum.experiments.workload_spec import load_trace, trace_for_run
+from vllm_continuum.experiments.sim.cost_model import CostModel, load_cost_model
+from vllm_continuum.experiments.sim.loop import Simulation
 
 DEFAULT_SWEEP = (0.02, 0.04, 0.06, 0.08, 0.10, 0.13)
 

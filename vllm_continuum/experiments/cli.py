@@ -8,7 +8,7 @@
     overhead   schedule() + update_from_output() time per step, ours vs stock
 
 to an argparse subparsers object (vllm_continuum/cli.py wires it in), and
-`python -m vllm_continuum.bench COMMAND ...` runs them standalone.
+`python -m vllm_continuum.experiments COMMAND ...` runs them standalone.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _command_line() -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from vllm_continuum.bench.compare import run_bench
+    from vllm_continuum.experiments.live.compare import run_bench
 
     return run_bench(
         args.url, args.workload, args.out, label=args.label, num_programs=args.programs,
@@ -33,7 +33,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from vllm_continuum.bench.compare import run_compare
+    from vllm_continuum.experiments.live.compare import run_compare
 
     return run_compare(
         args.model_dir, args.workload, args.out, flavours=args.flavours,
@@ -47,7 +47,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _workload(args: argparse.Namespace) -> int:
     import json
 
-    from vllm_continuum.bench.workload import load_trace
+    from vllm_continuum.experiments.workload_spec import load_trace
 
     trace = load_trace(args.workload, num_programs=args.programs, arrival_rate=args.rate,
                        seed=args.seed)
@@ -61,7 +61,7 @@ def _workload(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     import json
 
-    from vllm_continuum.bench.convert import convert
+    from vllm_continuum.experiments.transcripts import convert
 
     trace = convert(args.inputs, args.out, rate=args.rate, seed=args.seed,
                     tokenizer=args.tokenizer, durations_from=args.durations_from)
@@ -71,12 +71,12 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
-    from vllm_continuum.sim.run import run_sim
+    from vllm_continuum.experiments.sim.run import run_sim
 
     settings = dict(kv.split("=", 1) for kv in args.set)
     if args.instances > 1 or args.routing:
-        from vllm_continuum.sim.cluster import run_cluster
-        from vllm_continuum.sim.routing import ROUTINGS
+        from vllm_continuum.experiments.sim.cluster import run_cluster
+        from vllm_continuum.experiments.sim.routing import ROUTINGS
 
         if args.sweep is not None or args.seeds:
             raise SystemExit("sim: --instances/--routing runs one trace: no --sweep or --seeds")
@@ -95,7 +95,7 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _overhead(args: argparse.Namespace) -> int:
-    from vllm_continuum.sim.overhead import run_overhead
+    from vllm_continuum.experiments.sim.overhead import run_overhead
 
     return run_overhead(
         workload=args.workload, cost_model=args.cost_model, num_programs=args.programs,
@@ -105,7 +105,7 @@ def _overhead(args: argparse.Namespace) -> int:
 
 
 def _fit_cost_model(args: argparse.Namespace) -> int:
-    from vllm_continuum.sim.cost_model import run_fit_cost_model
+    from vllm_continuum.experiments.sim.cost_model import run_fit_cost_model
 
     return run_fit_cost_model(args.profile, args.out, args.num_blocks, args.block_size,
                               args.decode_step_s, command=_command_line())
@@ -121,8 +121,8 @@ def _workload_args(p: argparse.ArgumentParser, default: str) -> None:
 
 
 def register(subparsers) -> None:
-    from vllm_continuum.bench.compare import FLAVOURS
-    from vllm_continuum.sim.routing import BOUNDED_EPS, ROUTINGS
+    from vllm_continuum.experiments.live.compare import FLAVOURS
+    from vllm_continuum.experiments.sim.routing import BOUNDED_EPS, ROUTINGS
 
     p = subparsers.add_parser("bench", help="replay an agent workload against a running server")
     p.add_argument("--url", default="http://127.0.0.1:8000")
@@ -213,7 +213,7 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_continuum.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m vllm_continuum.experiments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vllm_continuum.bench.replay import RunResult, replay
-from vllm_continuum.bench.report import markdown_table, plot_runs, ratio, summarize, write_runs
-from vllm_continuum.bench.workload import load_trace, trace_for_run
+from vllm_continuum.experiments.live.replay import RunResult, replay
+from vllm_continuum.experiments.report import markdown_table, plot_runs, ratio, summarize, write_runs
+from vllm_continuum.experiments.workload_spec import load_trace, trace_for_run
 from vllm_continuum.core.pressure import pressure_variants
 
 
@@ -132,7 +132,7 @@ def run_compare(
     A B, ...), so that a drift in the machine's load weighs on each alike; the
     table pools each flavour's programs over its rounds and a second table gives
     each round's ratio to stock."""
-    from vllm_continuum.bench.model import build_bench_model
+    from vllm_continuum.experiments.live.bench_model import build_bench_model
     from vllm_continuum.profile import measure, report
     from vllm_continuum.server import flavour_server
 

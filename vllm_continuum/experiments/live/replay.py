@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 from tqdm import tqdm
 
-from vllm_continuum.bench.trace import Program, Trace, Turn
+from vllm_continuum.experiments.trace_format import Program, Trace, Turn
 
 TOKEN_RANGE = (300, 2000)  # ordinary tokens of the project's tokenizers: no special ones
 

@@ -40,10 +40,10 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from vllm_continuum.bench.trace import Program, Trace, Turn
+from vllm_continuum.experiments.trace_format import Program, Trace, Turn
 from vllm_continuum.config import named_yaml
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 WORKLOAD_DIR = CONFIG_DIR / "workloads"
 
 
@@ -248,7 +248,7 @@ def generate(spec: WorkloadSpec) -> Trace:
         "seed": spec.seed,
         "arrival_rate": spec.arrival_rate,
         "num_programs": spec.num_programs,
-        "generator": "vllm_continuum.bench.workload",
+        "generator": "vllm_continuum.experiments.workload_spec",
     }
     if spec.one_shot is not None:
         until = float(arrivals[-1])

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_continuum.bench.trace import Program, Trace, Turn
-from vllm_continuum.bench.workload import WorkloadSpec, load_spec
+from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+from vllm_continuum.experiments.workload_spec import WorkloadSpec, load_spec
 
 _SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell)?\s*\n\s*([\w./-]+)")
 
@@ -177,7 +177,7 @@ def convert(
             programs.append(Program(name, float(arrival), tuple(turns)))
     trace = Trace(programs, {
         "source": [str(p) for p in paths],
-        "converter": "vllm_continuum.bench.convert (chat transcripts)",
+        "converter": "vllm_continuum.experiments.transcripts (chat transcripts)",
         "token_counts": tokenizer or "chars/4",
         "tool_durations": "timestamps" if all_measured else f"drawn from workload {spec.name}",
         "arrival_rate": rate,

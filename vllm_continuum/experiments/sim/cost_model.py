@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vllm_continuum.config import named_yaml
 from vllm_continuum.core.prefill_profile import PrefillProfile
 
-COST_MODEL_DIR = Path(__file__).resolve().parents[2] / "configs" / "cost_models"
+COST_MODEL_DIR = Path(__file__).resolve().parents[1] / "configs" / "cost_models"
 
 
 class Roofline(BaseModel):

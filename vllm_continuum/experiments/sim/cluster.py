@@ -21,10 +21,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_continuum.bench.replay import RunResult
-from vllm_continuum.bench.report import plot_runs, ratio, save_figure, summarize, write_runs
-from vllm_continuum.sim.routing import ROUTINGS
-from vllm_continuum.sim.run import pin_lines, prepare_run, simulate
+from vllm_continuum.experiments.live.replay import RunResult
+from vllm_continuum.experiments.report import plot_runs, ratio, save_figure, summarize, write_runs
+from vllm_continuum.experiments.sim.routing import ROUTINGS
+from vllm_continuum.experiments.sim.run import pin_lines, prepare_run, simulate
 
 
 def _max_over_mean(values: Sequence[float]) -> float:

@@ -20,8 +20,8 @@ from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.pressure import pressure_variants
 from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
 from vllm_continuum.core.workload import WorkloadModel
-from vllm_continuum.sim.cost_model import CostModel
-from vllm_continuum.sim.scheduler_factory import new_scheduler
+from vllm_continuum.experiments.sim.cost_model import CostModel
+from vllm_continuum.experiments.sim.driver import new_scheduler
 
 # name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get OracleTTLPolicy.
 # A plain name runs under the configured pressure policy; -yield / -hold pick one.

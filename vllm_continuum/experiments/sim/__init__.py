@@ -4,13 +4,13 @@ clock. Entry points: `run_sim`, `run_overhead`."""
 
 
 def run_sim(*args, **kwargs) -> int:
-    from vllm_continuum.sim.run import run_sim as _run
+    from vllm_continuum.experiments.sim.run import run_sim as _run
 
     return _run(*args, **kwargs)
 
 
 def run_overhead(*args, **kwargs) -> int:
-    from vllm_continuum.sim.overhead import run_overhead as _run
+    from vllm_continuum.experiments.sim.overhead import run_overhead as _run
 
     return _run(*args, **kwargs)
 

@@ -1,3 +1,0 @@
-from vllm_continuum.bench.cli import main
-
-raise SystemExit(main())

@@ -1,0 +1,3 @@
+from vllm_continuum.experiments.cli import main
+
+raise SystemExit(main())
