@@ -7,8 +7,9 @@ import json
 import pytest
 
 from vllm_continuum.experiments.live.compare import merge_runs, one_shot_line, round_table
-from vllm_continuum.experiments.live.replay import ProgramRecord, RunResult, TurnRecord, new_tokens
+from vllm_continuum.experiments.live.replay import new_tokens
 from vllm_continuum.experiments.report import markdown_table, plot_runs, summarize, write_runs
+from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
 from vllm_continuum.experiments.trace_format import Program, Trace, Turn
 
 

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from vllm_continuum.experiments.configs import WORKLOAD_DIR
 from vllm_continuum.experiments.trace_format import FORMAT, Program, Trace, Turn
-from vllm_continuum.experiments.workload_spec import WORKLOAD_DIR, load_spec, load_trace
+from vllm_continuum.experiments.workload_spec import load_spec, load_trace
 
 PAPER_WORKLOADS = ["swebench", "bfcl"]
 

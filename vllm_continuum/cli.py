@@ -97,9 +97,13 @@ def main(argv: list[str] | None = None) -> int:
 
     register_cluster(sub)
 
-    from vllm_continuum.experiments.cli import register as register_benchmarks
+    from vllm_continuum.experiments import cli as experiments_cli
+    from vllm_continuum.experiments.live import cli as live_cli
+    from vllm_continuum.experiments.sim import cli as sim_cli
 
-    register_benchmarks(sub)  # bench, compare, workload, convert, sim, overhead
+    live_cli.register(sub)  # bench, compare
+    experiments_cli.register(sub)  # workload, convert
+    sim_cli.register(sub)  # sim, overhead, fit-cost-model
 
     args, extra = parser.parse_known_args(argv)
     if extra and args.command not in ("serve", "cluster"):

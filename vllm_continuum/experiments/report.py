@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_continuum.experiments.live.replay import RunResult
+from vllm_continuum.experiments.results import RunResult
 
 
 def _pct(values, q: float) -> float:

@@ -47,6 +47,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_continuum.core.hints import LAST_TURN_KEY, TOOL_KEY
+
 FORMAT = "vllm-continuum-trace/1"
 
 
@@ -226,6 +228,12 @@ def _one_shot_summary(requests: list[Program]) -> dict:
         "one_shot_output_mean": float(outputs.mean()),
         "one_shot_output_std": float(outputs.std()),
     }
+
+
+def continuum_hints(turn: Turn) -> dict:
+    """An agent turn's hints, as its request carries them (`vllm_xargs`): the
+    tool it calls, or that it ends the program."""
+    return {TOOL_KEY: turn.tool} if turn.tool else {LAST_TURN_KEY: 1}
 
 
 def program_from_json(data: dict) -> Program:

@@ -40,11 +40,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from vllm_continuum.experiments.configs import WORKLOAD_DIR, named_yaml
 from vllm_continuum.experiments.trace_format import Program, Trace, Turn
-from vllm_continuum.config import named_yaml
-
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-WORKLOAD_DIR = CONFIG_DIR / "workloads"
 
 
 class Dist(BaseModel):
@@ -145,7 +142,7 @@ class WorkloadSpec(BaseModel):
 
 
 def load_spec(name_or_path: str | Path) -> WorkloadSpec:
-    """A spec by path, or by name from configs/workloads/ (`swebench` -> swebench.yaml)."""
+    """A spec by path, or by name from the shipped specs (`swebench` -> swebench.yaml)."""
     return WorkloadSpec.model_validate(_spec_data(name_or_path))
 
 

@@ -81,10 +81,3 @@ def build_bench_model(path: str | pathlib.Path, num_layers: int = DEFAULT_LAYERS
         (tmp / MARKER).write_text(json.dumps(spec))
     return target
 
-
-def num_parameters(num_layers: int = DEFAULT_LAYERS, vocab: int = 3072) -> int:
-    s = QWEN25_05B_SHAPE
-    h, i = s["hidden_size"], s["intermediate_size"]
-    kv = s["num_key_value_heads"] * h // s["num_attention_heads"]
-    per_layer = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
-    return num_layers * per_layer + vocab * h

@@ -20,10 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vllm_continuum.experiments.live.replay import RunResult, replay
-from vllm_continuum.experiments.report import markdown_table, plot_runs, ratio, summarize, write_runs
-from vllm_continuum.experiments.workload_spec import load_trace, trace_for_run
 from vllm_continuum.core.pressure import pressure_variants
+from vllm_continuum.experiments.live.replay import replay
+from vllm_continuum.experiments.report import markdown_table, plot_runs, ratio, summarize, write_runs
+from vllm_continuum.experiments.results import RunResult
+from vllm_continuum.experiments.workload_spec import load_trace, trace_for_run
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,3 @@ def round_table(rounds: Sequence[Sequence[RunResult]]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
-
-def load_results(path: Path) -> tuple[list[RunResult], dict]:
-    data = json.loads(Path(path).read_text())
-    return [RunResult.from_json(r) for r in data["runs"]], data

@@ -10,16 +10,14 @@ durations in between. Output lengths are fixed with `max_tokens` and
 continuum hints (`continuum_tool` on a turn that calls a tool,
 `continuum_last_turn` on the last); stock vLLM ignores them.
 
-A one-shot request (chat traffic, trace.py) is sent at its arrival like a
+A one-shot request (chat traffic, trace_format.py) is sent at its arrival like a
 program's only turn, but without a `session_id` or hints: to the server it
 is any other user's request.
 
-Recorded per turn: send time, time to first token (streamed), end time,
-prompt and cached tokens (`usage.prompt_tokens_details.cached_tokens`; the
-server needs `--enable-prompt-tokens-details`), output tokens. Per program:
-job completion time (JCT) = end of its last turn - its arrival time. One-shot
-requests are recorded apart (`RunResult.one_shot`), so that the agents'
-figures are the agents' only.
+Recorded (results.py) per turn: send time, time to first token (streamed),
+end time, prompt and cached tokens (`usage.prompt_tokens_details.cached_tokens`;
+the server needs `--enable-prompt-tokens-details`), output tokens; per
+program, its job completion time; one-shot requests apart.
 """
 
 from __future__ import annotations
@@ -28,89 +26,14 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
 
 import httpx
 from tqdm import tqdm
 
-from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
+from vllm_continuum.experiments.trace_format import Program, Trace, Turn, continuum_hints
 
 TOKEN_RANGE = (300, 2000)  # ordinary tokens of the project's tokenizers: no special ones
-
-
-@dataclass
-class TurnRecord:
-    program: str
-    turn: int
-    tool: str | None
-    sent_s: float  # from the run's start
-    ttft_s: float
-    latency_s: float
-    prompt_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    prev_prompt_tokens: int  # the previous turn's prompt (0 on a first turn)
-
-
-@dataclass
-class ProgramRecord:
-    program: str
-    arrival_s: float
-    end_s: float
-    turns: int
-
-    @property
-    def jct_s(self) -> float:
-        return self.end_s - self.arrival_s
-
-
-@dataclass
-class RunResult:
-    label: str
-    started_at: float  # wall clock (time.time()) of the start
-    duration_s: float
-    programs: list[ProgramRecord] = field(default_factory=list)
-    turns: list[TurnRecord] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    meta: dict = field(default_factory=dict)
-    one_shot: list[TurnRecord] = field(default_factory=list)  # requests without a session
-
-    def to_json(self) -> dict:
-        return {
-            "label": self.label,
-            "started_at": self.started_at,
-            "duration_s": self.duration_s,
-            "meta": self.meta,
-            "errors": self.errors,
-            "programs": [{**asdict(p), "jct_s": p.jct_s} for p in self.programs],
-            "turns": [asdict(t) for t in self.turns],
-            "one_shot": [asdict(t) for t in self.one_shot],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> RunResult:
-        return cls(
-            label=data["label"],
-            started_at=data["started_at"],
-            duration_s=data["duration_s"],
-            meta=data.get("meta", {}),
-            errors=data.get("errors", []),
-            programs=[
-                ProgramRecord(p["program"], p["arrival_s"], p["end_s"], p["turns"])
-                for p in data["programs"]
-            ],
-            turns=[TurnRecord(**t) for t in data["turns"]],
-            one_shot=[TurnRecord(**t) for t in data.get("one_shot", [])],
-        )
-
-    def record(self, turn: TurnRecord, one_shot: bool) -> None:
-        (self.one_shot if one_shot else self.turns).append(turn)
-
-    def sort(self) -> None:
-        """Programs by arrival, turns by program and turn, one-shot requests by send time."""
-        self.programs.sort(key=lambda p: p.arrival_s)
-        self.turns.sort(key=lambda t: (t.program, t.turn))
-        self.one_shot.sort(key=lambda t: t.sent_s)
 
 
 def new_tokens(program: Program, turn: int, n: int, seed: int) -> list[int]:
@@ -214,11 +137,6 @@ async def _run_program(
             await asyncio.sleep(turn.tool_s * time_scale)
     if not program.one_shot:
         result.programs.append(ProgramRecord(program.id, arrival, end_s, len(program.turns)))
-
-
-def continuum_hints(turn: Turn) -> dict:
-    """An agent turn's hints: the tool it calls, or that it ends the program."""
-    return {"continuum_tool": turn.tool} if turn.tool else {"continuum_last_turn": 1}
 
 
 def session_fields(session: str, turn: Turn) -> dict:

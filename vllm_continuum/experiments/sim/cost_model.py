@@ -28,10 +28,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from vllm_continuum.config import named_yaml
 from vllm_continuum.core.prefill_profile import PrefillProfile
-
-COST_MODEL_DIR = Path(__file__).resolve().parents[1] / "configs" / "cost_models"
+from vllm_continuum.experiments.configs import COST_MODEL_DIR, named_yaml
 
 
 class Roofline(BaseModel):

@@ -40,12 +40,12 @@ import random
 import time
 from dataclasses import dataclass
 
-from vllm_continuum.experiments.live.replay import ProgramRecord, RunResult, TurnRecord, continuum_hints
-from vllm_continuum.experiments.trace_format import Program, Trace
+from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
 from vllm_continuum.experiments.sim.cost_model import CostModel
-from vllm_continuum.experiments.sim.policies import SimClock, build_scheduler
 from vllm_continuum.experiments.sim.instance import Instance, SimStats, Step
+from vllm_continuum.experiments.sim.policies import SimClock, build_scheduler
 from vllm_continuum.experiments.sim.routing import make_router
+from vllm_continuum.experiments.trace_format import Program, Trace, continuum_hints
 
 EOS_TOKEN_ID = 0
 TOKEN_RANGE = (100, 2300)  # ordinary tokens of the tiny tokenizer (no EOS, no <tool_call>)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_continuum.experiments.workload_spec import load_trace
 from vllm_continuum.experiments.sim.cost_model import load_cost_model
 from vllm_continuum.experiments.sim.run import prepare_profile, simulate
+from vllm_continuum.experiments.workload_spec import load_trace
 
 METRICS = ("wall_mean", "wall_p99", "cpu_mean", "cpu_p99")
 

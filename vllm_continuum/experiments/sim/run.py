@@ -18,7 +18,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_continuum.experiments.live.replay import RunResult
 from vllm_continuum.experiments.report import COLUMNS as REPORT_COLUMNS
 from vllm_continuum.experiments.report import (
     has_one_shot,
@@ -29,10 +28,11 @@ from vllm_continuum.experiments.report import (
     summarize,
     write_runs,
 )
-from vllm_continuum.experiments.trace_format import Trace
-from vllm_continuum.experiments.workload_spec import load_trace, trace_for_run
+from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.sim.cost_model import CostModel, load_cost_model
 from vllm_continuum.experiments.sim.loop import Simulation
+from vllm_continuum.experiments.trace_format import Trace
+from vllm_continuum.experiments.workload_spec import load_trace, trace_for_run
 
 DEFAULT_SWEEP = (0.02, 0.04, 0.06, 0.08, 0.10, 0.13)
 

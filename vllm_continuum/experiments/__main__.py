@@ -1,3 +1,0 @@
-from vllm_continuum.experiments.cli import main
-
-raise SystemExit(main())

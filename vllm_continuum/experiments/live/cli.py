@@ -1,0 +1,71 @@
+"""The live benchmarks' commands:
+
+    bench      replay a workload against a running OpenAI-compatible server
+    compare    start stock vLLM and continuum one after the other, same trace; ratios
+
+`register(subparsers)` adds them to the `vllm-continuum` parser (vllm_continuum/cli.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vllm_continuum.experiments.cli import command_line, workload_args
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from vllm_continuum.experiments.live.compare import run_bench
+
+    return run_bench(
+        args.url, args.workload, args.out, label=args.label, num_programs=args.programs,
+        rate=args.rate, seed=args.seed, time_scale=args.time_scale, command=command_line(),
+    )
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from vllm_continuum.experiments.live.compare import run_compare
+
+    return run_compare(
+        args.model_dir, args.workload, args.out, flavours=args.flavours,
+        num_layers=args.layers, num_blocks=args.num_blocks, max_model_len=args.max_model_len,
+        num_programs=args.programs, rate=args.rate, seed=args.seed,
+        time_scale=args.time_scale, prefill_profile=args.prefill_profile,
+        repeats=args.repeats, command=command_line(),
+    )
+
+
+def register(subparsers) -> None:
+    from vllm_continuum.experiments.live.compare import (
+        DEFAULT_LAYERS,
+        DEFAULT_MAX_MODEL_LEN,
+        DEFAULT_NUM_BLOCKS,
+        DEFAULT_WORKLOAD,
+        FLAVOURS,
+    )
+
+    p = subparsers.add_parser("bench", help="replay an agent workload against a running server")
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    workload_args(p, DEFAULT_WORKLOAD)
+    p.add_argument("--label", default="server")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply arrival times and tool durations")
+    p.add_argument("--out", type=Path, default=Path("runs/bench"))
+    p.set_defaults(run=_bench)
+
+    p = subparsers.add_parser(
+        "compare", help="stock vLLM vs continuum (and variants), one after the other, same trace"
+    )
+    workload_args(p, DEFAULT_WORKLOAD)
+    p.add_argument("--flavours", nargs="+", default=["stock", "continuum"], choices=sorted(FLAVOURS))
+    p.add_argument("--model-dir", type=Path, help="benchmark model directory (built if missing)")
+    p.add_argument("--layers", type=int, default=DEFAULT_LAYERS, help="benchmark model depth")
+    p.add_argument("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS, help="KV pool, blocks of 32 tokens")
+    p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--prefill-profile", type=Path,
+                   help="profile YAML for continuum (default: measured on the first server)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of the flavours, in alternating order (A B, B A, ...)")
+    p.add_argument("--out", type=Path, default=Path("runs/compare"))
+    p.set_defaults(run=_compare)

@@ -1,0 +1,104 @@
+"""The simulator's commands:
+
+    sim             paper-scale simulation driving the real schedulers, one engine or N behind a router
+    overhead        schedule() + update_from_output() time per step, ours vs stock
+    fit-cost-model  write a simulator cost model from a `profile` YAML
+
+`register(subparsers)` adds them to the `vllm-continuum` parser (vllm_continuum/cli.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vllm_continuum.experiments.cli import command_line, workload_args
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from vllm_continuum.experiments.sim.run import run_sim
+
+    settings = dict(kv.split("=", 1) for kv in args.set)
+    if args.instances > 1 or args.routing:
+        from vllm_continuum.experiments.sim.cluster import run_cluster
+        from vllm_continuum.experiments.sim.routing import ROUTINGS
+
+        if args.sweep is not None or args.seeds:
+            raise SystemExit("sim: --instances/--routing runs one trace: no --sweep or --seeds")
+        return run_cluster(
+            args.workload, args.cost_model, args.out, instances=args.instances,
+            routings=args.routing or ROUTINGS, policies=args.policies, num_programs=args.programs,
+            rate=args.rate, seed=args.seed, settings=settings,
+            routing_options={"eps": args.bounded_eps}, command=command_line(),
+        )
+    return run_sim(
+        workload=args.workload, cost_model=args.cost_model, out_dir=args.out,
+        policies=args.policies, num_programs=args.programs, rate=args.rate, seed=args.seed,
+        sweep=args.sweep, sweep_programs=args.sweep_programs, seeds=args.seeds,
+        settings=settings, command=command_line(),
+    )
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    from vllm_continuum.experiments.sim.overhead import run_overhead
+
+    return run_overhead(
+        workload=args.workload, cost_model=args.cost_model, num_programs=args.programs,
+        rate=args.rate, seed=args.seed, repeats=args.repeats, out_dir=args.out,
+        command=command_line(),
+    )
+
+
+def _fit_cost_model(args: argparse.Namespace) -> int:
+    from vllm_continuum.experiments.sim.cost_model import run_fit_cost_model
+
+    return run_fit_cost_model(args.profile, args.out, args.num_blocks, args.block_size,
+                              args.decode_step_s, command=command_line())
+
+
+def register(subparsers) -> None:
+    from vllm_continuum.experiments.sim.routing import BOUNDED_EPS, ROUTINGS
+
+    p = subparsers.add_parser("sim", help="simulate the real schedulers at paper scale")
+    workload_args(p, "swebench")
+    p.add_argument("--cost-model", default="h100-llama3.1-8b",
+                   help="a name in vllm_continuum/experiments/configs/cost_models/ or a YAML path")
+    p.add_argument("--policies", nargs="+",
+                   default=["stock", "continuum", "oracle"],
+                   help="stock, never, continuum, fixed, forever, oracle, oracle-eq2; the "
+                        "continuum ones also as NAME-yield or NAME-hold (plain: the configured "
+                        "pressure policy)")
+    p.add_argument("--sweep", type=float, nargs="*",
+                   help="also sweep these arrival rates (no values: 0.02 0.04 ... 0.13)")
+    p.add_argument("--sweep-programs", type=int, help="programs per sweep point (default: --programs)")
+    p.add_argument("--seeds", type=int, nargs="+",
+                   help="also run every policy on these workload seeds (independent traces) and "
+                        "summarize the ratios over them")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a continuum setting for the continuum schedulers, e.g. COLD_START_SAMPLES=20")
+    p.add_argument("--instances", type=int, default=1,
+                   help="simulate this many engines (each a real scheduler) behind a router")
+    p.add_argument("--routing", nargs="+", choices=ROUTINGS, metavar="ROUTING",
+                   help=f"{', '.join(ROUTINGS)}: the router(s) in front of the instances, each run with every policy "
+                        "(default with --instances > 1: all of them); see experiments/sim/routing.py")
+    p.add_argument("--bounded-eps", type=float, default=BOUNDED_EPS,
+                   help="consistent_hash_bounded: no instance takes a request at ceil((1 + eps) x "
+                        "the mean load)")
+    p.add_argument("--out", type=Path, default=Path("runs/sim"))
+    p.set_defaults(run=_sim)
+
+    p = subparsers.add_parser("overhead", help="scheduler time per step, continuum vs stock")
+    workload_args(p, "swebench")
+    p.add_argument("--cost-model", default="h100-llama3.1-8b")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", type=Path, default=Path("runs/overhead"))
+    p.set_defaults(run=_overhead)
+
+    p = subparsers.add_parser("fit-cost-model",
+                              help="write a simulator cost model from a `profile` YAML")
+    p.add_argument("--profile", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--num-blocks", type=int, default=160)
+    p.add_argument("--block-size", type=int, default=32)
+    p.add_argument("--decode-step-s", type=float, help="measured decode step time (s)")
+    p.set_defaults(run=_fit_cost_model)
