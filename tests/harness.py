@@ -1,42 +1,41 @@
-"""Drive a real vLLM scheduler without a model, as vLLM's own CPU tests do.
+"""The scheduler tests' conveniences over the synthetic scheduler driver
+(vllm_continuum/experiments/sim/driver.py, which the simulator uses too).
 
-The scheduler, KV cache manager and block pool are vLLM's; only the model
-runner is replaced by synthetic outputs (one sampled token per scheduled
-request). `audit` checks block accounting against the pool after any step.
+`Driver` steps a scheduler synchronously, each request sampling its script;
+`audit` checks block accounting against the pool after any step; the rest
+builds the scenarios the scheduler tests share.
 """
 
 from __future__ import annotations
 
 import itertools
-import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from vllm_continuum.adapter.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
-from vllm_continuum.experiments.sim.driver import new_scheduler
+from vllm_continuum.experiments.sim.driver import (
+    EOS_TOKEN_ID,
+    SimClock,
+    block_hasher,
+    new_scheduler,
+    synthetic_output,
+    synthetic_request,
+)
+from vllm_continuum.experiments.sim.driver import random_tokens as tokens  # noqa: F401 - for the tests
 
 BLOCK_SIZE = 16
-EOS_TOKEN_ID = 0
 FILLER_TOKEN = 7  # a token the synthetic model emits that is neither EOS nor a tool call
 
 
-class FakeClock:
+class FakeClock(SimClock):
+    """The tests' clock: starts at 1000 s."""
+
     def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+        super().__init__(1000.0)
 
 
 def make_scheduler(
@@ -62,10 +61,8 @@ def make_scheduler(
     )
 
 
-_hash_fn = get_hash_fn_by_name("sha256")
-init_none_hash(_hash_fn)
-_block_hasher = get_request_block_hasher(BLOCK_SIZE, _hash_fn)
-_ids = itertools.count()
+_block_hasher = block_hasher(BLOCK_SIZE)
+_ids = itertools.count()  # request ids; a test may reset it
 
 
 def make_request(
@@ -77,24 +74,10 @@ def make_request(
     arrival: float | None = None,
     priority: int = 0,
 ) -> Request:
-    params = SamplingParams(max_tokens=max_tokens, extra_args=xargs)
-    params.update_from_generation_config({}, EOS_TOKEN_ID)
-    return Request(
-        request_id=f"req-{next(_ids)}",
-        prompt_token_ids=list(prompt),
-        sampling_params=params,
-        pooling_params=None,
-        arrival_time=arrival,
-        block_hasher=_block_hasher,
-        session_id=session,
-        priority=priority,
+    return synthetic_request(
+        f"req-{next(_ids)}", list(prompt), hasher=_block_hasher, max_tokens=max_tokens,
+        session=session, xargs=xargs, arrival=arrival, priority=priority,
     )
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    """n prompt tokens; distinct seeds give distinct first blocks (and hashes)."""
-    rng = random.Random(seed)
-    return [rng.randrange(100, 2300) for _ in range(n)]
 
 
 @dataclass
@@ -112,24 +95,14 @@ class Driver:
         self.scheduler.add_request(request)
         return request
 
+    def _next_token(self, request: Request) -> int:
+        script = self.scripts.get(request.request_id)
+        return script.pop(0) if script else FILLER_TOKEN
+
     def step(self):
         s = self.scheduler
         out = s.schedule()
-        req_ids, sampled = [], []
-        for req_id in out.num_scheduled_tokens:
-            request = s.requests[req_id]
-            req_ids.append(req_id)
-            done_prefill = request.num_computed_tokens >= request.num_tokens
-            if done_prefill:
-                script = self.scripts.get(req_id)
-                sampled.append([script.pop(0) if script else FILLER_TOKEN])
-            else:
-                sampled.append([])
-        runner_out = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-        )
+        runner_out, _ = synthetic_output(s, out, self._next_token)
         engine_outputs = s.update_from_output(out, runner_out)
         for outputs in engine_outputs.values():
             for o in outputs.outputs:
@@ -230,5 +203,3 @@ def assert_all_free(driver: Driver) -> None:
     s.continuum.release_all(ReleaseReason.RESET)
     counts = audit(s)
     assert counts["free"] == counts["pool"], counts
-
-

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_continuum.experiments.report import summarize
-from vllm_continuum.experiments.workload_spec import load_spec
 from vllm_continuum.core.ttl import TurnEnd
+from vllm_continuum.experiments.report import summarize
 from vllm_continuum.experiments.sim.cost_model import CostModel, Linear, fit_linear, load_cost_model
-from vllm_continuum.experiments.sim.policies import OracleTTLPolicy
 from vllm_continuum.experiments.sim.loop import Simulation
+from vllm_continuum.experiments.sim.oracle import OracleTTLPolicy
+from vllm_continuum.experiments.workload_spec import load_spec
 
 # A small server under memory pressure: 3,072 tokens of KV for programs whose
 # contexts reach about 1.5k tokens, several in flight.
@@ -190,7 +190,8 @@ def test_seed_summary_with_one_shot_traffic():
 def test_policy_names_pick_their_pressure_policy(policy, pressure, profile_path):
     """A plain name runs the configured default (hold); a suffix pins one, so that
     a benchmark's labels stay true when the default changes."""
-    from vllm_continuum.experiments.sim.policies import SimClock, build_scheduler
+    from vllm_continuum.experiments.sim.driver import SimClock
+    from vllm_continuum.experiments.sim.policies import build_scheduler
 
     built = build_scheduler(policy, SMALL, SimClock(), prefill_profile_path=profile_path,
                             oracle_durations=lambda request_id: 1.0)

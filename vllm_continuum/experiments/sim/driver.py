@@ -1,12 +1,45 @@
-"""A real vLLM scheduler without a model, as vLLM's own CPU scheduler tests build one.
+"""A real vLLM scheduler without a model, stepped with synthetic model outputs.
 
-The scheduler, KV cache manager, block pool and prefix cache are vLLM's; the
-KV cache config is a fake (one full-attention group of `num_blocks` blocks,
-no tensor allocated), so any scheduler class can be driven by synthetic model
-outputs. Shared by the simulator and the test harness.
+As vLLM's own CPU scheduler tests do it: the scheduler, KV cache manager,
+block pool and prefix cache are vLLM's; the KV cache config is a fake (one
+full-attention group of `num_blocks` blocks, no tensor allocated), so any
+scheduler class can be built, and the model runner is replaced by
+`synthetic_output`: each scheduled request whose prefill is complete samples
+one token, the one its caller scripted. The simulator's event loop (loop.py)
+and the scheduler tests (tests/harness.py) drive schedulers through this
+module alone.
+
+vLLM is imported inside the functions, so that the experiment commands load
+without it until they build a scheduler.
 """
 
 from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+EOS_TOKEN_ID = 0
+TOKEN_RANGE = (100, 2300)  # ordinary tokens of the tiny tokenizer (no EOS, no <tool_call>)
+
+
+class SimClock:
+    """A clock the scheduler reads and its driver moves (`scheduler.clock`)."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def random_tokens(seed: int | str, n: int) -> list[int]:
+    """n ordinary token ids, the same for the same seed; distinct seeds give
+    distinct first blocks (and block hashes)."""
+    rng = random.Random(seed)
+    return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
 
 
 def new_scheduler(
@@ -24,7 +57,8 @@ def new_scheduler(
     enable_prefix_caching: bool = True,
     **scheduler_kwargs,
 ):
-    """`scheduler_kwargs` go to the class (e.g. `continuum_config=`, `continuum_clock=`)."""
+    """A scheduler of class `cls` (vLLM's or ours) over a KV pool of `num_blocks`;
+    `scheduler_kwargs` go to the class (e.g. `continuum_config=`, `continuum_clock=`)."""
     import torch
     from vllm.config import (
         CacheConfig,
@@ -72,3 +106,65 @@ def new_scheduler(
         log_stats=log_stats,
         **scheduler_kwargs,
     )
+
+
+def block_hasher(block_size: int):
+    """The prefix cache's hasher of a request's full blocks (sha256, as the engine's)."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    hash_fn = get_hash_fn_by_name("sha256")
+    init_none_hash(hash_fn)
+    return get_request_block_hasher(block_size, hash_fn)
+
+
+def synthetic_request(
+    request_id: str,
+    prompt: list[int],
+    *,
+    hasher,
+    max_tokens: int,
+    session: str | None = None,
+    xargs: dict | None = None,
+    arrival: float | None = None,
+    priority: int = 0,
+    ignore_eos: bool = False,
+):
+    """A request as the engine core receives it: a token-id prompt, its session
+    and continuum hints (`xargs`, read from `sampling_params.extra_args`)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, extra_args=xargs)
+    params.update_from_generation_config({}, EOS_TOKEN_ID)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=arrival,
+        block_hasher=hasher,
+        session_id=session,
+        priority=priority,
+    )
+
+
+def synthetic_output(scheduler, scheduled, next_token: Callable[[object], int]):
+    """The model runner's output for a step `schedule()` returned: each request
+    whose prefill is complete samples `next_token(request)`, a request in the
+    middle of its prefill samples nothing. Also returns the batch as a cost
+    model reads it: (new tokens, tokens already in the KV cache) per request."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids, sampled, batch = [], [], []
+    for req_id, n in scheduled.num_scheduled_tokens.items():
+        request = scheduler.requests[req_id]
+        req_ids.append(req_id)
+        batch.append((n, request.num_computed_tokens - n))
+        sampled.append([next_token(request)] if request.num_computed_tokens >= request.num_tokens else [])
+    output = ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+    )
+    return output, batch

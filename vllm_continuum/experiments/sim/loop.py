@@ -3,9 +3,9 @@
 Events are turn arrivals (a program's first turn at its arrival time, each
 later turn when the previous turn's tool returns). Each engine (instance.py)
 mirrors vLLM's engine core: between steps it adds the requests routed to it
-that arrived, then one step is `schedule()`, a synthetic model output (each
-request whose prefill is complete samples the next token of its scripted
-output), and `update_from_output()`. The step's length comes from the cost
+that arrived, then one step is `schedule()`, a synthetic model output
+(driver.py: each request whose prefill is complete samples the next token of
+its scripted output), and `update_from_output()`. The step's length comes from the cost
 model; the engine's `update_from_output()` runs when the simulated clock
 reaches the step's end, and every scheduler reads that clock. Wall time is
 never read (except, optionally, to time the scheduler calls).
@@ -36,21 +36,22 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import random
 import time
 from dataclasses import dataclass
 
 from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
 from vllm_continuum.experiments.sim.cost_model import CostModel
+from vllm_continuum.experiments.sim.driver import (
+    SimClock,
+    block_hasher,
+    random_tokens,
+    synthetic_output,
+    synthetic_request,
+)
 from vllm_continuum.experiments.sim.instance import Instance, SimStats, Step
-from vllm_continuum.experiments.sim.policies import SimClock, build_scheduler
+from vllm_continuum.experiments.sim.policies import build_scheduler
 from vllm_continuum.experiments.sim.routing import make_router
 from vllm_continuum.experiments.trace_format import Program, Trace, continuum_hints
-
-EOS_TOKEN_ID = 0
-TOKEN_RANGE = (100, 2300)  # ordinary tokens of the tiny tokenizer (no EOS, no <tool_call>)
-
-__all__ = ["EOS_TOKEN_ID", "SimStats", "Simulation"]
 
 
 @dataclass
@@ -66,8 +67,7 @@ class _Live:
 
 
 def _tokens(seed: int, program: str, turn: int, what: str, n: int) -> list[int]:
-    rng = random.Random(f"{seed}/{program}/{turn}/{what}")
-    return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
+    return random_tokens(f"{seed}/{program}/{turn}/{what}", n)
 
 
 def _merge_counts(dicts) -> dict:
@@ -96,9 +96,6 @@ class Simulation:
     ) -> None:
         """instances > 1 needs a routing (routing.py); a routing with one instance
         is allowed (it records where turns went, trivially)."""
-        from vllm.utils.hashing import get_hash_fn_by_name
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-
         if instances < 1 or (instances > 1 and routing is None):
             raise ValueError(f"{instances} instances need a routing")
         self.trace = trace
@@ -119,9 +116,7 @@ class Simulation:
         self.instances = [Instance(i, b.scheduler) for i, b in enumerate(built)]
         self.settings = built[0].settings
         self.router = make_router(routing, instances, **(routing_options or {})) if routing else None
-        hash_fn = get_hash_fn_by_name("sha256")
-        init_none_hash(hash_fn)
-        self._hasher = get_request_block_hasher(cost.block_size, hash_fn)
+        self._hasher = block_hasher(cost.block_size)
         self._time_scheduler = time_scheduler
         self._progress = progress
         self._ids = itertools.count()
@@ -143,21 +138,12 @@ class Simulation:
 
     # ------------------------------------------------------------- requests
     def _request(self, live: _Live):
-        from vllm.sampling_params import SamplingParams
-        from vllm.v1.request import Request
-
         program, turn = live.program, live.program.turns[live.turn]
-        xargs = None if program.one_shot else continuum_hints(turn)
-        params = SamplingParams(max_tokens=turn.output_tokens, ignore_eos=True, extra_args=xargs)
-        params.update_from_generation_config({}, EOS_TOKEN_ID)
-        return Request(
-            request_id=f"{program.id}/{live.turn}/{next(self._ids)}",
-            prompt_token_ids=live.prompt,
-            sampling_params=params,
-            pooling_params=None,
-            arrival_time=live.arrival,
-            block_hasher=self._hasher,
-            session_id=None if program.one_shot else program.id,
+        return synthetic_request(
+            f"{program.id}/{live.turn}/{next(self._ids)}", live.prompt, hasher=self._hasher,
+            max_tokens=turn.output_tokens, ignore_eos=True, arrival=live.arrival,
+            session=None if program.one_shot else program.id,
+            xargs=None if program.one_shot else continuum_hints(turn),
         )
 
     def _route(self, request, live: _Live) -> Instance:
@@ -221,8 +207,6 @@ class Simulation:
 
     def _start_step(self, inst: Instance, live_by_id: dict[str, _Live]) -> None:
         """Add what was routed here, then schedule a step (if there is work)."""
-        from vllm.v1.outputs import ModelRunnerOutput
-
         s, clock, stats = inst.scheduler, self.clock, inst.stats
         for request in inst.inbox:
             s.add_request(request)
@@ -244,16 +228,9 @@ class Simulation:
             if live.first_scheduled is None:
                 live.first_scheduled = clock.now
                 live.cached = new.num_computed_tokens
-        batch, req_ids, sampled = [], [], []
-        for req_id, n in out.num_scheduled_tokens.items():
-            request = s.requests[req_id]
-            batch.append((n, request.num_computed_tokens - n))
-            req_ids.append(req_id)
-            if request.num_computed_tokens >= request.num_tokens:
-                live = live_by_id[req_id]
-                sampled.append([live.output[request.num_output_tokens]])
-            else:
-                sampled.append([])
+        runner_out, batch = synthetic_output(
+            s, out, lambda request: live_by_id[request.request_id].output[request.num_output_tokens]
+        )
         dt = self.cost.step_time(batch)
         stats.steps += 1
         stats.busy_s += dt
@@ -261,11 +238,6 @@ class Simulation:
         stats.usage_max = max(stats.usage_max, usage)
         stats.scheduled_tokens += out.total_num_scheduled_tokens
         stats.preemptions += len(getattr(out, "preempted_req_ids", ()) or ())
-        runner_out = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-        )
         inst.step = Step(out, runner_out, clock.now + dt)
         if timed:
             inst.step.sched_wall_s, inst.step.sched_cpu_s = t_sched, c_sched

@@ -1,9 +1,9 @@
-"""Build the real schedulers for simulation: vLLM's `Scheduler` (stock) and our
-`ContinuumScheduler` under each policy, with the modelled server's KV pool.
+"""The policies the simulator compares, and the real scheduler each one runs:
+vLLM's `Scheduler` (stock) or our `ContinuumScheduler` under a TTL and a
+pressure policy, with the modelled server's KV pool.
 
-The schedulers are built without a model (`scheduler_factory`): vLLM's
-scheduler, KV cache manager, block pool and prefix cache, driven by synthetic
-outputs.
+The schedulers are built without a model (driver.py): vLLM's scheduler, KV
+cache manager, block pool and prefix cache, driven by synthetic outputs.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from pathlib import Path
 from vllm_continuum.atomic_dir import replacing_dir
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.pressure import pressure_variants
-from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
-from vllm_continuum.core.workload import WorkloadModel
 from vllm_continuum.experiments.sim.cost_model import CostModel
-from vllm_continuum.experiments.sim.driver import new_scheduler
+from vllm_continuum.experiments.sim.driver import SimClock, new_scheduler
+from vllm_continuum.experiments.sim.oracle import oracle_policy_factory
 
-# name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get OracleTTLPolicy.
+# name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get an oracle TTL policy (oracle.py).
 # A plain name runs under the configured pressure policy; -yield / -hold pick one.
 POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
     "stock": (False, {}),
@@ -34,60 +33,6 @@ POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
                       ("oracle", "never"), ("oracle-eq2", "never"))
     for label, settings in pressure_variants(name, {"TTL_POLICY": ttl}, "PRESSURE_POLICY").items()
 }
-
-
-class SimClock:
-    """The simulated clock: the scheduler reads it, the event loop moves it."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class OracleTTLPolicy(TTLPolicy):
-    """A TTL policy that knows each tool call's real duration (from the trace).
-
-    mode "always" (policy `oracle`): every tool call is pinned for exactly its
-    real duration plus `slack_s`, the longest a step can take, since a turn
-    that arrives during a step is added at the step's end. A pin then never
-    outlives its use (the next turn takes it over when admitted) and is given
-    up early only if that turn queues more than the one grace step the hard
-    TTL bound allows: the most reuse a TTL can buy, at the least pinned time.
-    It is not capped by `max_ttl_s`. It is bounded, like every policy, by the
-    pinned-memory caps and the pressure policy.
-
-    mode "eq2" (policy `oracle-eq2`): the paper's Eq. 2 with a perfect
-    predictor: P(tau) is a step at the real duration d, so pin for d (+ slack)
-    iff B = T * eta + PrefillReload(r) exceeds d, with T, eta measured online
-    and the prefill profile, exactly as the `continuum` policy computes B.
-    """
-
-    name = "oracle"
-
-    def __init__(
-        self,
-        durations: Callable[[str], float | None],
-        slack_s: float,
-        mode: str = "always",
-        benefit: Callable[[TurnEnd], float] | None = None,
-    ) -> None:
-        super().__init__(max_ttl_s=float("inf"))
-        self.durations = durations
-        self.slack_s = slack_s
-        self.mode = mode
-        self.benefit = benefit
-
-    def choose(self, turn: TurnEnd) -> TTLDecision:
-        d = self.durations(turn.session_id)
-        if d is None:
-            return TTLDecision(0.0, "oracle: unknown")
-        if self.mode == "eq2":
-            b = self.benefit(turn) if self.benefit else 0.0
-            if optimal_ttl([d], b) <= 0 and not (d == 0 and b > 0):
-                return TTLDecision(0.0, "oracle-eq2: not worth it")
-        return TTLDecision(d + self.slack_s, f"oracle-{self.mode}")
 
 
 def sim_config(settings: dict[str, str]) -> ContinuumConfig:
@@ -119,28 +64,6 @@ def sim_model_dir(max_model_len: int) -> str:
     return str(target)
 
 
-def oracle_policy_factory(
-    durations: Callable[[str], float | None], cost: CostModel, mode: str,
-    prefill_profile_path: str | None,
-) -> Callable[[ContinuumConfig, WorkloadModel], TTLPolicy]:
-    """The scheduler's TTL policy factory for the oracle policies."""
-
-    def make(config: ContinuumConfig, workload: WorkloadModel) -> TTLPolicy:
-        benefit = None
-        if mode == "eq2":
-            from vllm_continuum.core.prefill_profile import PrefillProfile
-
-            profile = PrefillProfile.load(prefill_profile_path) if prefill_profile_path else PrefillProfile()
-
-            def benefit(turn: TurnEnd) -> float:
-                return max(0.0, workload.mean_queueing_delay_s * workload.eta
-                           + profile.seconds(turn.num_context_tokens))
-
-        return OracleTTLPolicy(durations, slack_s=cost.max_step_s(), mode=mode, benefit=benefit)
-
-    return make
-
-
 @dataclass
 class BuiltScheduler:
     scheduler: object
@@ -158,6 +81,8 @@ def build_scheduler(
     extra_settings: dict[str, str] | None = None,
     oracle_durations: Callable[[str], float | None] | None = None,
 ) -> BuiltScheduler:
+    """The scheduler `policy` runs on the simulated clock: the one place where
+    the simulator hands a scheduler its settings, clock and TTL policy."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from vllm_continuum.adapter.scheduler import ContinuumScheduler
