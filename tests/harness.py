@@ -25,7 +25,7 @@ from vllm_continuum.experiments.sim.driver import (
     synthetic_output,
     synthetic_request,
 )
-from vllm_continuum.experiments.sim.driver import random_tokens as tokens  # noqa: F401 - for the tests
+from vllm_continuum.experiments.sim.driver import random_tokens as tokens  # the tests' prompts
 
 BLOCK_SIZE = 16
 FILLER_TOKEN = 7  # a token the synthetic model emits that is neither EOS nor a tool call

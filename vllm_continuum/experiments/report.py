@@ -1,7 +1,7 @@
 """Figures, tables and plots from replay or simulation runs.
 
-Every figure is computed from the records of a run (replay.py's RunResult,
-which the simulator fills the same way); nothing here is hard-coded.
+Every figure is computed from the records of a run (results.py: the replay
+client and the simulator fill them alike); nothing here is hard-coded.
 
 The agents' figures (JCT, TTFT, reuse, throughput) are computed over the
 agents' programs only; one-shot requests (chat traffic without a session)

@@ -3,7 +3,7 @@
 A trace says what an agent workload asks of an LLM server, at token level,
 so that it can be replayed against a real server (`vllm-continuum bench`) or
 a simulated one (`vllm-continuum sim`), whether it was generated from a
-workload spec (`workload.py`) or converted from recorded agent runs.
+workload spec (`workload_spec.py`) or converted from recorded agent runs.
 
 Format `vllm-continuum-trace/1`::
 
@@ -138,7 +138,7 @@ class Trace:
 
     def head(self, n: int) -> Trace:
         """The first n agent programs and the one-shot requests that arrive while
-        they do: what a spec generates for n programs (workload.py)."""
+        they do: what a spec generates for n programs (workload_spec.py)."""
         agents = {p.id for p in self.agents[:n]}
         until = max((p.arrival_s for p in self.programs if p.id in agents), default=0.0)
         kept = [p for p in self.programs if p.id in agents or (p.one_shot and p.arrival_s <= until)]

@@ -1,4 +1,4 @@
-"""Convert recorded agent runs into a trace (trace.py).
+"""Convert recorded agent runs into a trace (trace_format.py).
 
 Input layout: chat transcripts, one agent run per JSON file (or one per line
 of a JSONL file), as OpenAI-style messages. Accepted shapes:

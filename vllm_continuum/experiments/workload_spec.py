@@ -1,6 +1,6 @@
-"""Synthetic agent workloads: a YAML spec in, a seeded trace (trace.py) out.
+"""Synthetic agent workloads: a YAML spec in, a seeded trace (trace_format.py) out.
 
-A spec (see `configs/workloads/*.yaml`) gives the statistics of the paper's
+A spec (see `configs/workloads/*.yaml` in this package) gives the statistics of the paper's
 Table 2 for one agent (turns per program, tool time, tokens per program)
 and what the table leaves open (the first prompt, tokens generated per
 turn, which tools run and how long each takes). Every positive quantity is
@@ -11,7 +11,7 @@ a rounded normal.
 **Tokens per program** is read as the sum of the prompt tokens of a
 program's turns (what a server without prefix caching prefills), the
 quantity an LLM-call trace yields when every call's `prompt_tokens` is added
-up. Each program's prompts grow as an agent's history does (trace.py); the
+up. Each program's prompts grow as an agent's history does (trace_format.py); the
 tool results appended between turns are sized so that the program's sum of
 prompts is its drawn total. `tokens_per_program_is: final_context` reads the
 figure as the last turn's context instead (a sensitivity check).
@@ -21,7 +21,7 @@ program is drawn from its own random stream (seed, program index), so a
 longer run extends a shorter one, and the arrival times from another.
 
 **One-shot requests** (`one_shot:`, optional): chat traffic without a
-session beside the agents, each a single turn (trace.py), arriving as a
+session beside the agents, each a single turn (trace_format.py), arriving as a
 Poisson process of their own at `one_shot.arrival_rate` requests/s from the
 run's start until the last agent program arrives, with prompt and output
 sizes from their own distributions. Their arrivals and sizes come from

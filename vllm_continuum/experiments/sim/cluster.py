@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.report import plot_runs, ratio, save_figure, summarize, write_runs
+from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.sim.routing import ROUTINGS
 from vllm_continuum.experiments.sim.run import pin_lines, prepare_run, simulate
 

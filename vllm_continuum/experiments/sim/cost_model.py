@@ -1,6 +1,6 @@
 """How long one engine step takes, from what the scheduler put in the batch.
 
-A cost model is a YAML file in `configs/cost_models/` with the modelled
+A cost model is a YAML file in `configs/cost_models/` (in this package) with the modelled
 server's scheduler limits, its KV pool in blocks, and one of two step-time
 formulas. For a step whose batch holds requests i with n_i new tokens on top
 of c_i tokens already in their KV cache (a decode has n_i = 1):

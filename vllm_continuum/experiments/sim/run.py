@@ -1,8 +1,8 @@
 """`vllm-continuum sim`: the paper-scale simulation, per policy and over a sweep
 of arrival rates, with tables, JSON and plots.
 
-Every policy runs the same trace through the real scheduler class (sim/
-engine.py) on the same cost model and KV pool. The `continuum` policies get
+Every policy runs the same trace through the real scheduler class (policies.py)
+on the same cost model and KV pool. The `continuum` policies get
 the prefill profile that `vllm-continuum profile` would fit on the modelled
 server (the cost model's own cold prefills). Deterministic under the seed:
 the simulated clock drives everything.
@@ -80,7 +80,7 @@ def simulate(
 ) -> tuple[RunResult, Simulation]:
     """One policy on one trace. extra_settings: CONTINUUM_* fields (without the
     prefix) for the continuum schedulers, e.g. {"COLD_START_SAMPLES": "20"};
-    instances, routing: that many engines behind that router (sim/routing.py)."""
+    instances, routing: that many engines behind that router (routing.py)."""
     total = sum(len(p.turns) for p in trace)
     with tqdm(total=total, desc=desc or f"sim {policy}", unit="turn", disable=not progress,
               leave=False) as bar:
