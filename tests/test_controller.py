@@ -14,7 +14,6 @@ import pytest
 
 from vllm_continuum.config import load_config
 from vllm_continuum.core.controller import PinController
-from vllm_continuum.core.pin_table import ReleaseReason
 from vllm_continuum.core.waiting_queue import PINNED, REGULAR
 from vllm_continuum.stats import ContinuumStats
 

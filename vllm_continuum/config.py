@@ -263,16 +263,3 @@ def config_from_vllm(vllm_config: object) -> ContinuumConfig:
 def additional_config_arg(settings: Mapping[str, object]) -> list[str]:
     """The `vllm serve` arguments that pass `settings` to the plugin."""
     return ["--additional-config", json.dumps({ADDITIONAL_CONFIG_KEY: dict(settings)})]
-
-
-def named_yaml(name_or_path: str | os.PathLike, directory: Path, what: str) -> Path:
-    """A YAML file by path, or by name from one of `configs/`'s folders
-    (`swebench` -> directory/swebench.yaml); the error lists the known names."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    candidate = directory / f"{name_or_path}.yaml"
-    if not candidate.is_file():
-        known = sorted(p.stem for p in directory.glob("*.yaml") if not p.stem.endswith(".profile"))
-        raise FileNotFoundError(f"no {what} {str(name_or_path)!r}; known: {known}")
-    return candidate
