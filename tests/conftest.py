@@ -21,7 +21,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def live_servers(tiny_model_dir, tmp_path_factory):
     """A stock vLLM server and a continuum one, same model, flags and KV pool."""
-    from vllm_continuum.demo import DEMO_ENV
+    from vllm_continuum.demos.pause_demo import DEMO_ENV
     from vllm_continuum.server import flavour_server
 
     log_dir = tmp_path_factory.mktemp("server-logs")

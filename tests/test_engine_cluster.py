@@ -35,7 +35,7 @@ from vllm_continuum.cluster_scenario import (
     run_sessions,
 )
 from vllm_continuum.adapter.dp_affinity import rank_for_session
-from vllm_continuum.pause_scenario import churn
+from vllm_continuum.demos.pause_scenario import churn
 from vllm_continuum.server import BLOCK_SIZE, CPU_SERVER_FLAGS, free_port, stop_process_group
 
 pytestmark = pytest.mark.engine

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_continuum.pause_scenario import run_pause_scenario
+from vllm_continuum.demos.pause_scenario import run_pause_scenario
 
 pytestmark = pytest.mark.engine
 

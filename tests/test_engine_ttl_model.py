@@ -12,7 +12,7 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from vllm_continuum.pause_scenario import city_tool
+from vllm_continuum.demos.pause_scenario import city_tool
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.profile import measure, report
 from vllm_continuum.server import flavour_server

@@ -36,15 +36,17 @@ def _serve(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from vllm_continuum.agent_demo import run_agent_demo
+    from vllm_continuum.demos.agent_demo import AgentDemoConfig, run_agent_demo
 
-    return run_agent_demo(model_dir=args.model_dir, out_dir=args.out, stock=args.stock)
+    sizes = {k: v for k, v in (("sessions", args.sessions), ("turns", args.turns)) if v}
+    return run_agent_demo(model_dir=args.model_dir, out_dir=args.out, stock=args.stock,
+                          config=AgentDemoConfig(**sizes))
 
 
 def _pause_demo(args: argparse.Namespace) -> int:
-    from vllm_continuum.demo import run_demo
+    from vllm_continuum.demos.pause_demo import run_pause_demo
 
-    return run_demo(model_dir=args.model_dir, out_dir=args.out, flavours=args.flavours)
+    return run_pause_demo(model_dir=args.model_dir, out_dir=args.out, flavours=args.flavours)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     p.add_argument("--out", type=Path, default=Path("runs/agent-demo"), help="logs go here")
     p.add_argument("--stock", action="store_true", help="run on stock vLLM, for comparison")
+    p.add_argument("--sessions", type=int, help="concurrent agent sessions (default 4)")
+    p.add_argument("--turns", type=int, help="user turns per session (default 2)")
     p.set_defaults(run=_demo)
 
     p = sub.add_parser("pause-demo", help="one tool-call pause on stock vLLM and on continuum")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import httpx
 from openai import OpenAI
 
-from vllm_continuum.pause_scenario import WEATHER_TOOL, _cached, _document
+from vllm_continuum.demos.pause_scenario import WEATHER_TOOL, _cached, _document
 
 SESSION_HEADER = "X-Session-ID"
 INSTANCE_HEADER = "X-Continuum-Instance"

@@ -37,7 +37,7 @@ from vllm_continuum.tiny_model import build_tiny_model
 
 __all__ = ["AgentDemoConfig", "format_report", "run_agent_demo"]
 
-# A fixed TTL shows the mechanism (see demo.py: on a CPU with the tiny model
+# A fixed TTL shows the mechanism (see pause_demo.py: on a CPU with the tiny model
 # the cost model would rightly pin almost nothing). The pinned-block cap is
 # raised so that every concurrent session can hold its pin in the small pool.
 DEMO_ENV = {
@@ -257,18 +257,3 @@ def _count(items: Any) -> dict[str, int]:
         out[item] = out.get(item, 0) + 1
     return out
 
-
-if __name__ == "__main__":
-    import argparse
-    import os
-
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--stock", action="store_true", help="run on stock vLLM for comparison")
-    p.add_argument("--model-dir", type=Path, default=Path(
-        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-continuum/tiny-model")
-    p.add_argument("--out", type=Path, default=Path("runs/agent-demo"))
-    p.add_argument("--sessions", type=int, default=AgentDemoConfig.sessions)
-    p.add_argument("--turns", type=int, default=AgentDemoConfig.turns)
-    a = p.parse_args()
-    raise SystemExit(run_agent_demo(a.model_dir, a.out, stock=a.stock, config=AgentDemoConfig(
-        sessions=a.sessions, turns=a.turns)))

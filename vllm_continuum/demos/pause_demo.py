@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_continuum.pause_scenario import PauseResult, run_pause_scenario
+from vllm_continuum.demos.pause_scenario import PauseResult, run_pause_scenario
 from vllm_continuum.server import flavour_server
 from vllm_continuum.tiny_model import build_tiny_model
 
@@ -22,7 +22,7 @@ DEMO_ENV = {
 }
 
 
-def run_demo(model_dir: Path, out_dir: Path, flavours: list[str]) -> int:
+def run_pause_demo(model_dir: Path, out_dir: Path, flavours: list[str]) -> int:
     model = str(build_tiny_model(model_dir))
     servers = [flavour_server(f, model, out_dir, env=DEMO_ENV) for f in flavours]
     results: list[PauseResult] = []
