@@ -11,7 +11,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    from vllm_continuum.tiny_model import build_tiny_model
+    from vllm_continuum.tools.tiny_model import build_tiny_model
 
     cached = os.environ.get("CONTINUUM_TINY_MODEL_DIR")
     target = cached or str(tmp_path_factory.mktemp("tiny-model"))
@@ -22,7 +22,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 def live_servers(tiny_model_dir, tmp_path_factory):
     """A stock vLLM server and a continuum one, same model, flags and KV pool."""
     from vllm_continuum.demos.pause_demo import DEMO_ENV
-    from vllm_continuum.server import flavour_server
+    from vllm_continuum.tools.local_server import flavour_server
 
     log_dir = tmp_path_factory.mktemp("server-logs")
     # DEBUG: the scheduler logs every TTL decision with its session and tool,

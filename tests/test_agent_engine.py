@@ -23,7 +23,7 @@ from pydantic import AfterValidator
 from vllm_continuum.agent import AgentLoop, LoopConfig, Session, ToolRegistry, TurnResult
 from vllm_continuum.agent.demo_tools import DemoToolConfig, demo_registry
 from vllm_continuum.demos.pause_scenario import churn
-from vllm_continuum.server import flavour_server
+from vllm_continuum.tools.local_server import flavour_server
 
 pytestmark = pytest.mark.engine
 

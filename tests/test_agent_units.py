@@ -31,7 +31,7 @@ from vllm_continuum.agent.demo_tools import DemoToolConfig, demo_registry
 from vllm_continuum.agent.runner import ServiceThread
 from vllm_continuum.agent.service import AgentService, ServiceLimits, create_app
 from vllm_continuum.agent.trace import infer_pin_resumed
-from vllm_continuum.server import free_port
+from vllm_continuum.tools.local_server import free_port
 
 
 def run(coro):

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_continuum.core.hints import parse_hints
-from vllm_continuum.server import flavour_server
+from vllm_continuum.tools.local_server import flavour_server
 
 pytestmark = pytest.mark.engine
 

@@ -27,6 +27,7 @@ import zmq
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllm_continuum.adapter.dp_affinity import rank_for_session
 from vllm_continuum.cluster import Cluster, Instance
 from vllm_continuum.cluster_scenario import (
     ScenarioResult,
@@ -34,9 +35,8 @@ from vllm_continuum.cluster_scenario import (
     format_turns,
     run_sessions,
 )
-from vllm_continuum.adapter.dp_affinity import rank_for_session
 from vllm_continuum.demos.pause_scenario import churn
-from vllm_continuum.server import BLOCK_SIZE, CPU_SERVER_FLAGS, free_port, stop_process_group
+from vllm_continuum.tools.local_server import BLOCK_SIZE, CPU_SERVER_FLAGS, free_port, stop_process_group
 
 pytestmark = pytest.mark.engine
 

@@ -26,9 +26,9 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_continuum.demos.pause_demo import DEMO_ENV
-from vllm_continuum.metrics.snapshot import EXPIRY_GRACE_S
 from vllm_continuum.demos.pause_scenario import run_pause_scenario
-from vllm_continuum.server import (
+from vllm_continuum.metrics.snapshot import EXPIRY_GRACE_S
+from vllm_continuum.tools.local_server import (
     BLOCK_SIZE, CPU_SERVER_FLAGS, VLLMServer, free_port, stop_process_group,
 )
 

@@ -12,10 +12,10 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from vllm_continuum.demos.pause_scenario import city_tool
 from vllm_continuum.core.prefill_profile import PrefillProfile
-from vllm_continuum.profile import measure, report
-from vllm_continuum.server import flavour_server
+from vllm_continuum.demos.pause_scenario import city_tool
+from vllm_continuum.tools.local_server import flavour_server
+from vllm_continuum.tools.prefill_probe import measure, report
 
 pytestmark = pytest.mark.engine
 

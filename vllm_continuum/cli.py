@@ -21,7 +21,7 @@ DEFAULT_MODEL_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
-    from vllm_continuum.tiny_model import build_tiny_model
+    from vllm_continuum.tools.tiny_model import build_tiny_model
 
     print(build_tiny_model(args.dir, force=args.force))
     return 0
@@ -50,7 +50,7 @@ def _pause_demo(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from vllm_continuum.profile import run
+    from vllm_continuum.tools.prefill_probe import run
 
     return run(args.url, args.out, args.lengths, args.repeats)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from vllm_continuum.server import VLLMServer, free_port, stop_process_group
+from vllm_continuum.tools.local_server import VLLMServer, free_port, stop_process_group
 
 ROUTER_POLICIES = ("consistent_hash", "kv_aware", "round_robin", "cache_aware", "power_of_two",
                    "random", "sticky_least_loaded")

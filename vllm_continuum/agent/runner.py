@@ -13,7 +13,7 @@ from typing import Any
 
 import uvicorn
 
-from vllm_continuum.server import free_port
+from vllm_continuum.tools.local_server import free_port
 
 __all__ = ["ServiceThread"]
 

@@ -32,8 +32,8 @@ from vllm_continuum.agent.demo_tools import CITIES, DemoToolConfig, demo_registr
 from vllm_continuum.agent.loop import AgentLoop, LoopConfig
 from vllm_continuum.agent.runner import ServiceThread
 from vllm_continuum.agent.service import AgentService, create_app
-from vllm_continuum.server import BLOCK_SIZE, flavour_server
-from vllm_continuum.tiny_model import build_tiny_model
+from vllm_continuum.tools.local_server import BLOCK_SIZE, flavour_server
+from vllm_continuum.tools.tiny_model import build_tiny_model
 
 __all__ = ["AgentDemoConfig", "format_report", "run_agent_demo"]
 

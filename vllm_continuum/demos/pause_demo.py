@@ -8,8 +8,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from vllm_continuum.demos.pause_scenario import PauseResult, run_pause_scenario
-from vllm_continuum.server import flavour_server
-from vllm_continuum.tiny_model import build_tiny_model
+from vllm_continuum.tools.local_server import flavour_server
+from vllm_continuum.tools.tiny_model import build_tiny_model
 
 # The demo shows the pin mechanism: a fixed TTL long enough for the pause,
 # which includes the other sessions' traffic (the continuum model would not pin

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from vllm_continuum.atomic_dir import replacing_dir
+from vllm_continuum.tools.atomic_dir import replacing_dir
 
 # Qwen2.5-0.5B's shape (its config.json), but the depth and the vocabulary.
 QWEN25_05B_SHAPE = {
@@ -48,7 +48,7 @@ def build_bench_model(path: str | pathlib.Path, num_layers: int = DEFAULT_LAYERS
         Qwen2ForCausalLM,
     )
 
-    from vllm_continuum.tiny_model import build_tiny_model
+    from vllm_continuum.tools.tiny_model import build_tiny_model
 
     target = pathlib.Path(path).expanduser().resolve()
     spec = bench_model_spec(num_layers)

@@ -134,8 +134,8 @@ def run_compare(
     table pools each flavour's programs over its rounds and a second table gives
     each round's ratio to stock."""
     from vllm_continuum.experiments.live.bench_model import build_bench_model
-    from vllm_continuum.profile import measure, report
-    from vllm_continuum.server import flavour_server
+    from vllm_continuum.tools.local_server import flavour_server
+    from vllm_continuum.tools.prefill_probe import measure, report
 
     unknown = [f for f in flavours if f not in FLAVOURS]
     if unknown:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_continuum.atomic_dir import replacing_dir
+from vllm_continuum.tools.atomic_dir import replacing_dir
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.pressure import pressure_variants
 from vllm_continuum.experiments.sim.cost_model import CostModel
@@ -46,7 +46,7 @@ def sim_model_dir(max_model_len: int) -> str:
     """A model directory for vLLM's ModelConfig: the tiny model's tokenizer and
     config, with a context window as long as the modelled model's (no weights
     are loaded by the scheduler)."""
-    from vllm_continuum.tiny_model import build_tiny_model
+    from vllm_continuum.tools.tiny_model import build_tiny_model
 
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-continuum"
     tiny = build_tiny_model(cache / "tiny-model")
