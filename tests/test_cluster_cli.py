@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vllm_continuum.cli import main
-from vllm_continuum.cluster import Cluster, Instance, Router, kv_events_config, router_executable
+from vllm_continuum.cluster.local_cluster import Cluster, Instance, Router, kv_events_config, router_executable
 
 
 def test_router_command_for_kv_aware_names_every_event_source():
@@ -36,8 +36,8 @@ def test_instance_command_runs_continuum_with_events_and_the_instance_header(tmp
     cmd = i.command
     assert cmd[cmd.index("--port") + 1] == "8101" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
     middleware = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--middleware"]
-    assert middleware == ["vllm_continuum.instance_header.InstanceHeaderMiddleware",
-                          "vllm_continuum.pins_endpoint.PinsEndpoint"]
+    assert middleware == ["vllm_continuum.cluster.instance_header.InstanceHeaderMiddleware",
+                          "vllm_continuum.cluster.pins_endpoint.PinsEndpoint"]
     events = json.loads(cmd[cmd.index("--kv-events-config") + 1])
     assert events == json.loads(kv_events_config(f"ipc://{tmp_path}/kv.sock"))
     assert events["publisher"] == "zmq" and events["enable_kv_cache_events"] is True
@@ -54,7 +54,7 @@ def test_cli_refuses_kv_aware_without_events_and_zero_instances():
 def test_instance_header_middleware_names_the_instance(monkeypatch):
     import asyncio
 
-    from vllm_continuum.instance_header import InstanceHeaderMiddleware
+    from vllm_continuum.cluster.instance_header import InstanceHeaderMiddleware
 
     monkeypatch.setenv("CONTINUUM_INSTANCE", "node-3")
     sent = []
@@ -94,7 +94,7 @@ def test_pins_side_channel_lists_live_pins_by_session_digest(tmp_path):
     import asyncio
 
     from vllm_continuum.metrics.snapshot import SnapshotWriter, session_digest
-    from vllm_continuum.pins_endpoint import PinsEndpoint, live_pins, session_sha256
+    from vllm_continuum.cluster.pins_endpoint import PinsEndpoint, live_pins, session_sha256
 
     assert session_sha256("agent-42") == session_digest("agent-42")
     long_id = "x" * 300  # keyed in the engine by its SHA-256 (scheduler.mixin.session_key)

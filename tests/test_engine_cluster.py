@@ -6,7 +6,7 @@ One module-scoped cluster serves every router policy (a router is started
 per test, the instances stay up), and the DP server boots beside it.
 Each routing test runs 8 agent sessions x 4 model calls through the router,
 with tool pauses, while other users' traffic cycles both KV pools
-(`vllm_continuum.cluster_scenario`); every response names the instance that
+(`vllm_continuum.cluster.scenario`); every response names the instance that
 served it (`X-Continuum-Instance`).
 """
 
@@ -28,8 +28,8 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_continuum.adapter.dp_affinity import rank_for_session
-from vllm_continuum.cluster import Cluster, Instance
-from vllm_continuum.cluster_scenario import (
+from vllm_continuum.cluster.local_cluster import Cluster, Instance
+from vllm_continuum.cluster.scenario import (
     ScenarioResult,
     _ask,
     format_turns,
@@ -325,7 +325,7 @@ def test_kv_events_stay_true_with_pins(cluster):
         assert len(pinned) >= first.usage.prompt_tokens // BLOCK_SIZE
 
         # The side channel names the pin and its expiry (KV events cannot).
-        from vllm_continuum.pins_endpoint import session_sha256
+        from vllm_continuum.cluster.pins_endpoint import session_sha256
 
         listing = httpx.get(f"{url}/continuum/pins", timeout=10).json()
         mine = [p for p in listing["pins"] if p["session_sha256"] == session_sha256(session)]

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.set_defaults(run=_profile)
 
-    from vllm_continuum.cluster import register as register_cluster
+    from vllm_continuum.cluster.command import register as register_cluster
 
     register_cluster(sub)
 

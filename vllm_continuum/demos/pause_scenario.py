@@ -65,11 +65,13 @@ class PauseResult:
         return self.turn2_cached_tokens / max(1, self.turn1_full_block_tokens)
 
 
-def _document(rng: random.Random, words: int) -> str:
+def filler_text(rng: random.Random, words: int) -> str:
+    """A user's notes: random words, so that prompts span several KV blocks."""
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-def _cached(usage) -> int:
+def cached_tokens(usage) -> int:
+    """vLLM's usage.prompt_tokens_details.cached_tokens (0 when absent)."""
     details = getattr(usage, "prompt_tokens_details", None)
     return (getattr(details, "cached_tokens", None) or 0) if details else 0
 
@@ -121,7 +123,7 @@ def run_pause_scenario(
         {"role": "system", "content": "You are a travel agent. Use tools to check the weather."},
         {
             "role": "user",
-            "content": "Notes for the trip: " + _document(rng, document_words)
+            "content": "Notes for the trip: " + filler_text(rng, document_words)
             + "\nWhat is the weather in the first city we visit?",
         },
     ]
@@ -160,6 +162,6 @@ def run_pause_scenario(
         tool_called=call.function.name,
         turn1_prompt_tokens=t1.usage.prompt_tokens,
         turn2_prompt_tokens=t2.usage.prompt_tokens,
-        turn2_cached_tokens=_cached(t2.usage),
+        turn2_cached_tokens=cached_tokens(t2.usage),
         block_size=block_size,
     )

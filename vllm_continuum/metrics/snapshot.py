@@ -161,7 +161,7 @@ def read_snapshots(directory: str | os.PathLike) -> Iterator[dict]:
 def session_digest(session_key: str) -> str:
     """A public name for a session: the first 32 hex digits of the SHA-256 of
     its id. Session ids never leave the engine; a router that knows the id
-    computes the same digest (`vllm_continuum.pins_endpoint`). Ids over 128
+    computes the same digest (`vllm_continuum.cluster.pins_endpoint`). Ids over 128
     characters are keyed in the engine by their SHA-256 already
     (`sha256:<hex>`), whose digits are reused."""
     if session_key.startswith("sha256:") and len(session_key) == 71:
@@ -172,7 +172,7 @@ def session_digest(session_key: str) -> str:
 def pin_rows(pins: Iterable, now: float, held) -> list[list]:
     """[blocks, seconds left, ttl, held, session digest] per pin: no session
     ids leave the engine (the digest names a session for a router that knows
-    its id, `vllm_continuum.pins_endpoint`). blocks is the pin's share of the
+    its id, `vllm_continuum.cluster.pins_endpoint`). blocks is the pin's share of the
     pinned blocks (a block k pins hold counts 1/k for each, `PinTable.share`),
     so that the rows add up to distinct blocks."""
     share = getattr(pins, "share", lambda p: p.num_blocks)

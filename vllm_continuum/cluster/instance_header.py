@@ -5,7 +5,7 @@ debugging session affinity (and for the cluster tests) each instance can
 name itself in a response header. vLLM's `--middleware` flag loads it:
 
     CONTINUUM_INSTANCE=gpu-node-3 vllm serve MODEL --scheduler-cls continuum \\
-        --middleware vllm_continuum.instance_header.InstanceHeaderMiddleware
+        --middleware vllm_continuum.cluster.instance_header.InstanceHeaderMiddleware
 
 `vllm-continuum cluster` sets it on every instance (`instance-0`, ...).
 """
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 
-HEADER = b"x-continuum-instance"
+HEADER = "X-Continuum-Instance"
+_ASGI_NAME = HEADER.lower().encode()  # ASGI header names are lower-case bytes
 ENV = "CONTINUUM_INSTANCE"
 
 
@@ -31,7 +32,7 @@ class InstanceHeaderMiddleware:
 
         async def send_with_header(message):
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), (HEADER, self.value)]}
+                message = {**message, "headers": [*message.get("headers", []), (_ASGI_NAME, self.value)]}
             await send(message)
 
         return await self.app(scope, receive, send_with_header)

@@ -5,7 +5,7 @@ the side channel for routers and operators that want it. vLLM's
 `--middleware` flag loads it (opt-in):
 
     vllm serve MODEL --scheduler-cls continuum \\
-        --middleware vllm_continuum.pins_endpoint.PinsEndpoint
+        --middleware vllm_continuum.cluster.pins_endpoint.PinsEndpoint
 
     GET /continuum/pins  ->
     {"engines": 1, "pins": [{"session_sha256": "3f2a...", "blocks": 14,

@@ -9,7 +9,7 @@ users' traffic goes straight to every instance and cycles its KV pool, so a
 turn finds its previous prompt cached only if a pin held it there.
 
 Every instance names itself in the `X-Continuum-Instance` response header
-(`vllm_continuum.instance_header`), so each turn records who served it.
+(`vllm_continuum.cluster.instance_header`), so each turn records who served it.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from dataclasses import dataclass
 import httpx
 from openai import OpenAI
 
-from vllm_continuum.demos.pause_scenario import WEATHER_TOOL, _cached, _document
-
-SESSION_HEADER = "X-Session-ID"
-INSTANCE_HEADER = "X-Continuum-Instance"
+from vllm_continuum.agent.loop import SESSION_HEADER
+from vllm_continuum.cluster.instance_header import HEADER as INSTANCE_HEADER
+from vllm_continuum.demos.pause_scenario import WEATHER_TOOL, cached_tokens, filler_text
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,7 @@ def _session(client: OpenAI, session: str, *, turns: int, words: int, pause_s: t
     rng = random.Random(seed)
     messages: list[dict] = [
         {"role": "system", "content": "You are a travel agent. Use tools to check the weather."},
-        {"role": "user", "content": f"Trip notes {session}: " + _document(rng, words)
+        {"role": "user", "content": f"Trip notes {session}: " + filler_text(rng, words)
          + "\nCheck the weather for each city in turn."},
     ]
     out: list[Turn] = []
@@ -146,7 +145,7 @@ def _session(client: OpenAI, session: str, *, turns: int, words: int, pause_s: t
         response, instance, attempts = _ask(client, messages, session, last=last,
                                             seed=seed * 100 + turn * 10, model=model)
         record = Turn(session, turn, instance, response.usage.prompt_tokens,
-                      _cached(response.usage), attempts,
+                      cached_tokens(response.usage), attempts,
                       prev.instance if prev else None, prev.prompt_tokens if prev else None)
         out.append(record)
         prev = record
