@@ -10,7 +10,9 @@ Prometheus scraping a real vLLM server (tests/test_engine_metrics.py).
 Every panel filters on the `model_name` variable, as vLLM's metrics do, and
 on `instance` (Prometheus's target label: one vLLM server each; "All" by
 default), so one dashboard reads one server or a whole cluster; the
-"Cluster" row compares instances.
+"Cluster" row compares instances. Our metric names are imported from
+vllm_continuum/metrics/names.py, the collector's own, so the package must be
+importable (it is in the project's .venv).
 """
 
 from __future__ import annotations
@@ -46,6 +48,23 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from vllm_continuum.metrics.names import (
+    AFFINITY_MISSES,
+    INVALID_HINTS,
+    KV_POOL_BLOCKS,
+    PIN_HELD_SECONDS,
+    PIN_RELEASES,
+    PINNED_BLOCKS,
+    PINNED_SESSIONS,
+    PINS,
+    PINS_REFUSED,
+    RESUME_CACHED_TOKENS,
+    RESUME_PROMPT_TOKENS,
+    RESUMES,
+    TOOL_DURATION_SECONDS,
+    TTL_SECONDS,
+)
+
 OUT = Path(__file__).parent / "dashboards" / "vllm-continuum.json"
 UID = "vllm-continuum"
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -55,6 +74,11 @@ RI = "$__rate_interval"
 
 def q(expr: str, legend: str, ref: str = "A") -> prometheus.Dataquery:
     return prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DS)
+
+
+def total(counter: str) -> str:
+    """A counter as Prometheus scrapes it."""
+    return f"{counter}_total"
 
 
 def rate(metric: str, extra: str = "") -> str:
@@ -135,11 +159,11 @@ def big(title: str, description: str, expr: str, unit: str):
 def build() -> dashboard.Dashboard:
     pinned_vs_usage = series(
         "Pinned KV blocks vs vLLM KV usage",
-        "Fraction of the KV pool held by pins (continuum_pinned_blocks / continuum_kv_pool_blocks) "
+        f"Fraction of the KV pool held by pins ({PINNED_BLOCKS} / {KV_POOL_BLOCKS}) "
         "beside vLLM's own vllm:kv_cache_usage_perc, which counts pinned blocks as used. The gap "
         "is what running and queued requests hold.",
         [
-            q(f"sum(continuum_pinned_blocks{{{M}}}) / sum(continuum_kv_pool_blocks{{{M}}})",
+            q(f"sum({PINNED_BLOCKS}{{{M}}}) / sum({KV_POOL_BLOCKS}{{{M}}})",
               "pinned (fraction of pool)", "A"),
             q(f"avg(vllm:kv_cache_usage_perc{{{M}}})", "vLLM KV cache usage", "B"),
         ],
@@ -150,8 +174,8 @@ def build() -> dashboard.Dashboard:
         "Sessions holding a pin and the KV blocks they hold, now. Computed at scrape time: a pin "
         "whose TTL passed while the engine was idle is no longer counted.",
         [
-            q(f"sum(continuum_pinned_sessions{{{M}}})", "sessions", "A"),
-            q(f"sum(continuum_pinned_blocks{{{M}}})", "blocks", "B"),
+            q(f"sum({PINNED_SESSIONS}{{{M}}})", "sessions", "A"),
+            q(f"sum({PINNED_BLOCKS}{{{M}}})", "blocks", "B"),
         ],
         "short",
     )
@@ -162,21 +186,21 @@ def build() -> dashboard.Dashboard:
         "pinned-fraction cap), last_turn, aborted, reset, replaced (a newer turn of the session "
         "pinned). Pins created, by tool, for scale.",
         [
-            q(f"sum by (reason) ({rate('continuum_pin_releases_total')})", "{{reason}}", "A"),
-            q(f"sum({rate('continuum_pins_total')})", "pins created", "B"),
+            q(f"sum by (reason) ({rate(total(PIN_RELEASES))})", "{{reason}}", "A"),
+            q(f"sum({rate(total(PINS))})", "pins created", "B"),
         ],
         "ops",
     ).draw_style(GraphDrawStyle.BARS).fill_opacity(60).stacking(
         StackingConfig().mode(StackingMode.NORMAL)
     )
-    pinned_resumes = rate("continuum_resumes_total", ',outcome="pinned"')
+    pinned_resumes = rate(total(RESUMES), ',outcome="pinned"')
     hit_rate = series(
         "Resume hit rate",
         "Of the requests that continue a session (it had a previous turn), the share that found "
-        'the session\'s pin still held (continuum_resumes_total{outcome="pinned"}).',
+        f'the session\'s pin still held ({total(RESUMES)}{{outcome="pinned"}}).',
         [
             q(
-                f"sum({pinned_resumes}) / sum({rate('continuum_resumes_total')})",
+                f"sum({pinned_resumes}) / sum({rate(total(RESUMES))})",
                 "pinned / all resumes",
             )
         ],
@@ -188,8 +212,8 @@ def build() -> dashboard.Dashboard:
         "Beside it, vLLM's prefix-cache hit rate over all requests.",
         [
             q(
-                f"sum({rate('continuum_resume_cached_tokens_total')}) "
-                f"/ sum({rate('continuum_resume_prompt_tokens_total')})",
+                f"sum({rate(total(RESUME_CACHED_TOKENS))}) "
+                f"/ sum({rate(total(RESUME_PROMPT_TOKENS))})",
                 "resumed turns (continuum)", "A",
             ),
             q(
@@ -203,29 +227,29 @@ def build() -> dashboard.Dashboard:
     ttl_dist = distribution(
         "TTL distribution",
         "TTLs chosen for finished tool-call turns, per bucket (0: the policy chose not to pin).",
-        "continuum_ttl_seconds",
+        TTL_SECONDS,
     )
     tool_dist = distribution(
         "Tool duration distribution",
         "Measured tool durations (end of a turn to the arrival of the session's next turn), per "
         "bucket. TTLs should sit where most durations end.",
-        "continuum_tool_duration_seconds",
+        TOOL_DURATION_SECONDS,
     )
     ttl_by_tool = series(
         "TTL vs tool duration by tool (p50, p90)",
         "Median and 90th percentile of the chosen TTL and of the measured tool duration, by tool.",
         [
             *[t.legend_format("TTL " + t.build().legend_format) for t in
-              quantiles("continuum_ttl_seconds", "tool")],
+              quantiles(TTL_SECONDS, "tool")],
             *[t.ref_id(r).legend_format("duration " + t.build().legend_format)
-              for t, r in zip(quantiles("continuum_tool_duration_seconds", "tool"), "CD")],
+              for t, r in zip(quantiles(TOOL_DURATION_SECONDS, "tool"), "CD")],
         ],
         "s",
     )
     held = series(
         "Pin held time (p50, p90)",
         "How long pins held their blocks before release (an expired pin counts its TTL).",
-        quantiles("continuum_pin_held_seconds"),
+        quantiles(PIN_HELD_SECONDS),
         "s",
     )
     ttft = series(
@@ -247,33 +271,33 @@ def build() -> dashboard.Dashboard:
         "Per-request continuum_* hints ignored as invalid, and pins not made because they did "
         "not fit under max_pinned_fraction, per second.",
         [
-            q(f"sum({rate('continuum_invalid_hints_total')})", "invalid hints", "A"),
-            q(f"sum({rate('continuum_pins_refused_total')})", "pins refused (cap)", "B"),
+            q(f"sum({rate(total(INVALID_HINTS))})", "invalid hints", "A"),
+            q(f"sum({rate(total(PINS_REFUSED))})", "pins refused (cap)", "B"),
         ],
         "ops",
     )
     pinned_stat = big(
         "Pinned sessions now", "Sessions holding a pin at the last scrape.",
-        f"sum(continuum_pinned_sessions{{{M}}})", "short",
+        f"sum({PINNED_SESSIONS}{{{M}}})", "short",
     )
     hit_stat = big(
         "Resume hit rate (range)",
         "Pinned resumes over all resumes, over the dashboard's time range.",
-        f'sum(increase(continuum_resumes_total{{{M},outcome="pinned"}}[$__range])) '
-        f"/ sum(increase(continuum_resumes_total{{{M}}}[$__range]))",
+        f'sum(increase({total(RESUMES)}{{{M},outcome="pinned"}}[$__range])) '
+        f"/ sum(increase({total(RESUMES)}{{{M}}}[$__range]))",
         "percentunit",
     )
     reuse_stat = big(
         "Reuse ratio (range)",
         "Cached over prompt tokens of resumed requests, over the time range.",
-        f"sum(increase(continuum_resume_cached_tokens_total{{{M}}}[$__range])) "
-        f"/ sum(increase(continuum_resume_prompt_tokens_total{{{M}}}[$__range]))",
+        f"sum(increase({total(RESUME_CACHED_TOKENS)}{{{M}}}[$__range])) "
+        f"/ sum(increase({total(RESUME_PROMPT_TOKENS)}{{{M}}}[$__range]))",
         "percentunit",
     )
     expired_stat = big(
         "Pins expired (range)",
         "Pins whose TTL passed before the session came back, over the time range.",
-        f'sum(increase(continuum_pin_releases_total{{{M},reason="expired"}}[$__range]))',
+        f'sum(increase({total(PIN_RELEASES)}{{{M},reason="expired"}}[$__range]))',
         "short",
     )
 
@@ -284,8 +308,8 @@ def build() -> dashboard.Dashboard:
         "that keeps sessions on one instance (consistent hashing on X-Session-ID, or KV-aware "
         "routing with session affinity), these follow the sessions each instance owns.",
         [
-            q(f"sum by (instance) ({rate('continuum_pins_total')})", "{{instance}} pins/s", "A"),
-            q(f"sum by (instance) (continuum_pinned_sessions{{{M}}})",
+            q(f"sum by (instance) ({rate(total(PINS))})", "{{instance}} pins/s", "A"),
+            q(f"sum by (instance) ({PINNED_SESSIONS}{{{M}}})",
               "{{instance}} pinned sessions", "B"),
         ],
         "short",
@@ -294,29 +318,29 @@ def build() -> dashboard.Dashboard:
         "Resumes by instance: pinned vs unpinned",
         "Requests continuing a session this instance had seen, per second, by whether the "
         "session's pin was still held here (pinned) or not (unpinned).",
-        [q(f"sum by (instance, outcome) ({rate('continuum_resumes_total')})",
+        [q(f"sum by (instance, outcome) ({rate(total(RESUMES))})",
            "{{instance}} {{outcome}}")],
         "ops",
     )
     share_by_instance = series(
         "Pinned-block share by instance",
-        "Fraction of each instance's KV pool held by pins (continuum_pinned_blocks / "
-        "continuum_kv_pool_blocks). Uneven shares mean uneven session placement.",
-        [q(f"sum by (instance) (continuum_pinned_blocks{{{M}}}) "
-           f"/ sum by (instance) (continuum_kv_pool_blocks{{{M}}})", "{{instance}}")],
+        f"Fraction of each instance's KV pool held by pins ({PINNED_BLOCKS} / "
+        f"{KV_POOL_BLOCKS}). Uneven shares mean uneven session placement.",
+        [q(f"sum by (instance) ({PINNED_BLOCKS}{{{M}}}) "
+           f"/ sum by (instance) ({KV_POOL_BLOCKS}{{{M}}})", "{{instance}}")],
         "percentunit",
     ).max(1)
     affinity = series(
         "Broken session affinity by instance",
-        "continuum_affinity_misses_total: requests whose prompt holds tool results of turns "
+        f"{total(AFFINITY_MISSES)}: requests whose prompt holds tool results of turns "
         "this instance never served (the session's previous turn ran elsewhere, where its pin "
         "now waits for nothing). Should be 0 behind a session-affine router; round robin "
         "or load-only balancing makes it climb. Beside it, pinned resumes for scale.",
         [
-            q(f"sum by (instance) ({rate('continuum_affinity_misses_total')})",
+            q(f"sum by (instance) ({rate(total(AFFINITY_MISSES))})",
               "{{instance}} affinity misses/s", "A"),
-            q(f"sum({rate('continuum_affinity_misses_total')}) / (sum("
-              f"{rate('continuum_affinity_misses_total')}) + sum({rate('continuum_resumes_total')}))",
+            q(f"sum({rate(total(AFFINITY_MISSES))}) / (sum("
+              f"{rate(total(AFFINITY_MISSES))}) + sum({rate(total(RESUMES))}))",
               "share of continuing turns that moved (all)", "B"),
         ],
         "short",
@@ -325,7 +349,7 @@ def build() -> dashboard.Dashboard:
         "Affinity misses (range)",
         "Turns that continued a session on an instance that did not serve its previous turn, "
         "over the time range, all selected instances.",
-        f"sum(increase(continuum_affinity_misses_total{{{M}}}[$__range]))",
+        f"sum(increase({total(AFFINITY_MISSES)}{{{M}}}[$__range]))",
         "short",
     )
 
@@ -347,7 +371,7 @@ def build() -> dashboard.Dashboard:
             dashboard.QueryVariable("model_name")
             .label("Model")
             .datasource(DS)
-            .query("label_values(continuum_pinned_blocks, model_name)")
+            .query(f"label_values({PINNED_BLOCKS}, model_name)")
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(VariableSort.ALPHABETICAL_ASC)
         )
@@ -355,7 +379,7 @@ def build() -> dashboard.Dashboard:
             dashboard.QueryVariable("instance")
             .label("Instance")
             .datasource(DS)
-            .query('label_values(continuum_pinned_blocks{model_name="$model_name"}, instance)')
+            .query(f'label_values({PINNED_BLOCKS}{{model_name="$model_name"}}, instance)')
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(VariableSort.ALPHABETICAL_ASC)
             .multi(True)

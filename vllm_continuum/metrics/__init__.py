@@ -2,6 +2,7 @@
 
     snapshot.py      the file format and writer (engine core side; plain Python)
     collector.py     the prometheus collector that reads snapshots at scrape time
+    names.py         the metric names (the collector exports them, grafana/generate.py queries them)
 
 `vllm_continuum.stats.ContinuumStats` records the scheduler's events and
 writes the snapshots; `vllm_continuum.adapter.metrics_registration` wires

@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from vllm_continuum.metrics import names
 from vllm_continuum.metrics.snapshot import (
     BUCKETS,
     ENV_DIR,
@@ -168,65 +169,65 @@ class ContinuumCollector:
             return family
 
         yield by(
-            "continuum_pins", "Pins created (a finished tool-call turn kept its KV blocks).",
+            names.PINS, "Pins created (a finished tool-call turn kept its KV blocks).",
             "tool", totals.pins_by_tool,
         )
         yield by(
-            "continuum_pin_releases",
+            names.PIN_RELEASES,
             "Pins released, by reason: resumed, expired, pressure, last_turn, aborted, "
             "reset, replaced (a newer turn of the same session pinned).",
             "reason", totals.releases_by_reason,
         )
         yield by(
-            "continuum_resumes",
+            names.RESUMES,
             "Requests of a session that had a previous turn, by whether its pin was still held.",
             "outcome", totals.resumes_by_outcome,
         )
         yield counter(
-            "continuum_resume_prompt_tokens",
+            names.RESUME_PROMPT_TOKENS,
             "Prompt tokens of resumed requests (denominator of the reuse ratio).",
             totals.resume_prompt_tokens,
         )
         yield counter(
-            "continuum_resume_cached_tokens",
+            names.RESUME_CACHED_TOKENS,
             "Prompt tokens of resumed requests found in the prefix cache when admitted.",
             totals.resume_cached_tokens,
         )
         yield counter(
-            "continuum_invalid_hints", "Per-request continuum hints ignored as invalid.",
+            names.INVALID_HINTS, "Per-request continuum hints ignored as invalid.",
             totals.invalid_hints,
         )
         yield counter(
-            "continuum_affinity_misses",
+            names.AFFINITY_MISSES,
             "Requests continuing a session whose earlier turn ran on another engine (its prompt "
             "holds tool results this engine never saw the session produce): broken affinity.",
             totals.affinity_misses,
         )
         yield counter(
-            "continuum_pins_refused",
+            names.PINS_REFUSED,
             "Pins not made because they did not fit under max_pinned_fraction.",
             totals.pins_refused,
         )
         for name, doc, value in (
-            ("continuum_pinned_blocks", "Distinct KV blocks held by pins now.", round(totals.pinned_blocks, 6)),
-            ("continuum_pinned_sessions", "Sessions holding a pin now.", totals.pinned_sessions),
+            (names.PINNED_BLOCKS, "Distinct KV blocks held by pins now.", round(totals.pinned_blocks, 6)),
+            (names.PINNED_SESSIONS, "Sessions holding a pin now.", totals.pinned_sessions),
         ):
             gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
             gauge.add_metric(m, value)
             yield gauge
         if totals.pool_blocks:
             gauge = GaugeMetricFamily(
-                "continuum_kv_pool_blocks",
+                names.KV_POOL_BLOCKS,
                 "KV blocks in the pool the pins draw from (for a pinned fraction).",
                 labels=["model_name"],
             )
             gauge.add_metric(m, totals.pool_blocks)
             yield gauge
         for name, doc, label in (
-            ("continuum_ttl_seconds", "TTLs chosen for finished tool-call turns (0: not pinned).", "tool"),
-            ("continuum_tool_duration_seconds",
+            (names.TTL_SECONDS, "TTLs chosen for finished tool-call turns (0: not pinned).", "tool"),
+            (names.TOOL_DURATION_SECONDS,
              "Measured tool durations: end of a turn to the arrival of the session's next.", "tool"),
-            ("continuum_pin_held_seconds",
+            (names.PIN_HELD_SECONDS,
              "How long pins were held (an expired pin: its TTL).", None),
         ):
             key = name.removeprefix("continuum_")

@@ -1,0 +1,28 @@
+"""The names of the metrics continuum adds to vLLM's `/metrics`.
+
+One place for them: collector.py exports these families and the dashboard
+generator (grafana/generate.py) queries them. Prometheus adds suffixes on
+the way out: a counter `NAME` is scraped as `NAME_total`, a histogram as
+`NAME_bucket`, `NAME_sum` and `NAME_count`. Every family carries vLLM's
+`model_name` label; the label after `#` is the family's own.
+"""
+
+# Counters
+PINS = "continuum_pins"  # tool
+PIN_RELEASES = "continuum_pin_releases"  # reason
+RESUMES = "continuum_resumes"  # outcome: pinned, unpinned
+RESUME_PROMPT_TOKENS = "continuum_resume_prompt_tokens"
+RESUME_CACHED_TOKENS = "continuum_resume_cached_tokens"
+INVALID_HINTS = "continuum_invalid_hints"
+AFFINITY_MISSES = "continuum_affinity_misses"
+PINS_REFUSED = "continuum_pins_refused"
+
+# Gauges
+PINNED_BLOCKS = "continuum_pinned_blocks"
+PINNED_SESSIONS = "continuum_pinned_sessions"
+KV_POOL_BLOCKS = "continuum_kv_pool_blocks"
+
+# Histograms, in seconds
+TTL_SECONDS = "continuum_ttl_seconds"  # tool
+TOOL_DURATION_SECONDS = "continuum_tool_duration_seconds"  # tool
+PIN_HELD_SECONDS = "continuum_pin_held_seconds"
