@@ -40,6 +40,7 @@ from vllm_continuum.agent.trace import (
     TurnTrace,
     infer_pin_resumed,
 )
+from vllm_continuum.core.hints import LAST_TURN_KEY
 
 __all__ = [
     "AgentEvent",
@@ -307,7 +308,7 @@ class AgentLoop:
         extra = dict(cfg.extra_body)
         extra["session_id"] = session.id
         if last and cfg.last_turn_hint:
-            extra["vllm_xargs"] = {**extra.get("vllm_xargs", {}), "continuum_last_turn": 1}
+            extra["vllm_xargs"] = {**extra.get("vllm_xargs", {}), LAST_TURN_KEY: 1}
         try:
             return await self._request(kwargs, extra)
         except openai.BadRequestError as e:

@@ -25,6 +25,7 @@ from openai import OpenAI
 
 from vllm_continuum.agent.loop import SESSION_HEADER
 from vllm_continuum.cluster.instance_header import HEADER as INSTANCE_HEADER
+from vllm_continuum.core.hints import LAST_TURN_KEY
 from vllm_continuum.demos.pause_scenario import WEATHER_TOOL, cached_tokens, filler_text
 
 
@@ -108,7 +109,7 @@ def _ask(client: OpenAI, messages: list[dict], session: str, *, last: bool, seed
     """One model call through the router; a tool turn retries until a call parses."""
     extra: dict = {"session_id": session}
     if last:
-        extra["vllm_xargs"] = {"continuum_last_turn": 1}
+        extra["vllm_xargs"] = {LAST_TURN_KEY: 1}
     failed = None
     for attempt in range(1, tries + 1):
         raw = client.chat.completions.with_raw_response.create(

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from openai import OpenAI
 
+from vllm_continuum.core.hints import LAST_TURN_KEY
+
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo"]
 
 
@@ -155,7 +157,7 @@ def run_pause_scenario(
         tool_choice="none",
         max_tokens=8,
         seed=seed,
-        extra_body={"session_id": session_id, "vllm_xargs": {"continuum_last_turn": 1}},
+        extra_body={"session_id": session_id, "vllm_xargs": {LAST_TURN_KEY: 1}},
     )
     return PauseResult(
         flavour=flavour,
