@@ -18,6 +18,10 @@ from pathlib import Path
 DEFAULT_MODEL_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / (
     "vllm-continuum/tiny-model"
 )
+# What a command may find missing, by the extra that brings it (pyproject.toml);
+# a command names its extra as `needs` in its parser's defaults.
+VLLM_MODULES = {"vllm", "torch", "transformers", "tokenizers"}  # [cpu] or [gpu]
+EXTRA_MODULES = {"openai", "httpx", "tqdm", "fastapi", "uvicorn", "matplotlib", "numpy", "zmq"}
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
@@ -81,21 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stock", action="store_true", help="run on stock vLLM, for comparison")
     p.add_argument("--sessions", type=int, help="concurrent agent sessions (default 4)")
     p.add_argument("--turns", type=int, help="user turns per session (default 2)")
-    p.set_defaults(run=_demo)
+    p.set_defaults(run=_demo, needs="demo")
 
     p = sub.add_parser("pause-demo", help="one tool-call pause on stock vLLM and on continuum")
     p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="server logs go here")
     p.add_argument("--flavours", nargs="+", choices=["stock", "continuum"],
                    default=["stock", "continuum"])
-    p.set_defaults(run=_pause_demo)
+    p.set_defaults(run=_pause_demo, needs="demo")
 
     p = sub.add_parser("profile", help="measure prefill time against context length on a server")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the vLLM server")
     p.add_argument("--out", type=Path, default=Path("prefill_profile.yaml"))
     p.add_argument("--lengths", type=int, nargs="+", help="context lengths (default: doubling)")
     p.add_argument("--repeats", type=int, default=3)
-    p.set_defaults(run=_profile)
+    p.set_defaults(run=_profile, needs="bench")
 
     from vllm_continuum.cluster.command import register as register_cluster
 
@@ -105,16 +109,29 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_continuum.experiments.live import cli as live_cli
     from vllm_continuum.experiments.sim import cli as sim_cli
 
+    before = set(sub.choices)
     live_cli.register(sub)  # bench, compare
     experiments_cli.register(sub)  # workload, convert
     sim_cli.register(sub)  # sim, overhead, fit-cost-model
+    for name in set(sub.choices) - before:
+        sub.choices[name].set_defaults(needs="bench")
 
     args, extra = parser.parse_known_args(argv)
     if extra and args.command not in ("serve", "cluster"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command in ("serve", "cluster"):
-        return args.run(args, extra)
-    return args.run(args)
+    try:
+        if args.command in ("serve", "cluster"):
+            return args.run(args, extra)
+        return args.run(args)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing in VLLM_MODULES:
+            hint = "pip install 'vllm-continuum[gpu]' (or [cpu] on a CPU machine)"
+        elif missing in EXTRA_MODULES and getattr(args, "needs", None):
+            hint = f"pip install 'vllm-continuum[{args.needs}]'"
+        else:
+            raise
+        raise SystemExit(f"vllm-continuum {args.command} needs {missing}: {hint}") from exc
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def register(sub) -> None:
                    help="extra vllm-router argument (repeat), e.g. --router-arg=--enable-program-scheduling")
     p.add_argument("--no-kv-events", action="store_true",
                    help="do not publish KV events (kv_aware needs them)")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, needs="cluster")
 
 
 def run(args: argparse.Namespace, vllm_args: Sequence[str]) -> int:

@@ -1,0 +1,87 @@
+"""What the package needs where: the scheduler path inside vLLM imports none
+of the client-side libraries that only the extras bring (pyproject.toml), and
+a command run without its extra says which one to install."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+import vllm_continuum
+from vllm_continuum.cli import main
+
+CLIENT_LIBRARIES = ("openai", "tqdm", "httpx")
+PACKAGE_ROOT = Path(vllm_continuum.__file__).parents[1]
+
+
+def _source(module: str) -> Path | None:
+    """Our module's file, found without importing anything (or None: not a module)."""
+    path = PACKAGE_ROOT.joinpath(*module.split("."))
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(module: str) -> set[str]:
+    """Every absolute import in `module`'s source, at any depth (lazy ones too)."""
+    names = set()
+    for node in ast.walk(ast.parse(_source(module).read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _reach(start: str) -> tuple[set[str], list[str]]:
+    """Our modules `start` can import, following our own imports from source
+    (lazy ones included), and which of them import a client library."""
+    reached, todo, offending = set(), [start], []
+    while todo:
+        module = todo.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        for name in _imports(module):
+            if name.partition(".")[0] in CLIENT_LIBRARIES:
+                offending.append(f"{module} imports {name}")
+            parts = name.split(".")
+            if parts[0] == "vllm_continuum":  # the module, or a name in it
+                todo += [".".join(parts[:i]) for i in range(1, len(parts) + 1)
+                         if _source(".".join(parts[:i]))]
+    return reached, offending
+
+
+def test_plugin_and_scheduler_import_no_client_library():
+    """Read from source, so every path vLLM may take is covered (vLLM imports
+    these libraries itself, so `sys.modules` could not tell)."""
+    reached, offending = _reach("vllm_continuum.adapter.plugin")
+    assert not offending
+    assert {"vllm_continuum.adapter.scheduler", "vllm_continuum.metrics.collector"} <= reached
+    packages = {m.split(".")[1] for m in reached if m.count(".")}
+    assert not packages & {"agent", "demos", "tools", "cluster", "bench", "sim", "experiments"}
+    assert _reach("vllm_continuum.demos.pause_demo")[1]  # the check sees an import
+
+
+def test_a_command_without_its_extra_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "openai", None)  # `import openai` now fails
+    monkeypatch.delitem(sys.modules, "vllm_continuum.demos.pause_scenario", raising=False)
+    monkeypatch.delitem(sys.modules, "vllm_continuum.demos.pause_demo", raising=False)
+    with pytest.raises(SystemExit, match=r"pause-demo needs openai: pip install 'vllm-continuum\[demo\]'"):
+        main(["pause-demo"])
+
+
+@pytest.mark.parametrize("command", [
+    "demo", "pause-demo", "serve", "cluster", "profile", "tiny-model",
+    "bench", "compare", "workload", "convert", "sim", "overhead", "fit-cost-model",
+])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    assert f"usage: vllm-continuum {command}" in capsys.readouterr().out
