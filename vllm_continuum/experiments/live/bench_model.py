@@ -1,6 +1,6 @@
 """A random-weight model with a real architecture's shape, for the CPU benchmark.
 
-The tiny model (tiny_model.py) prefills thousands of tokens in milliseconds:
+The tiny model (tools/tiny_model) prefills thousands of tokens in milliseconds:
 losing a session's KV cache costs nothing there, so pinning cannot show a
 gain. The benchmark model keeps the per-layer shape of Qwen2.5-0.5B (hidden
 896, 14 query heads and 2 KV heads of 64, MLP 4864; the real model's
