@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_continuum.tools.atomic_dir import replacing_dir
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.pressure import pressure_variants
 from vllm_continuum.experiments.sim.cost_model import CostModel
 from vllm_continuum.experiments.sim.driver import SimClock, new_scheduler
 from vllm_continuum.experiments.sim.oracle import oracle_policy_factory
+from vllm_continuum.tools.atomic_dir import replacing_dir
 
 # name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get an oracle TTL policy (oracle.py).
 # A plain name runs under the configured pressure policy; -yield / -hold pick one.
