@@ -21,14 +21,15 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def live_servers(tiny_model_dir, tmp_path_factory):
     """A stock vLLM server and a continuum one, same model, flags and KV pool."""
-    from vllm_continuum.demos.pause_demo import DEMO_ENV
+    from vllm_continuum.demos.pause_demo import DEMO_SETTINGS
     from vllm_continuum.tools.local_server import flavour_server
 
     log_dir = tmp_path_factory.mktemp("server-logs")
     # DEBUG: the scheduler logs every TTL decision with its session and tool,
     # which several tests read.
-    env = {**DEMO_ENV, "CONTINUUM_LOG_LEVEL": "DEBUG"}
-    servers = {f: flavour_server(f, tiny_model_dir, log_dir, env=env) for f in ("stock", "continuum")}
+    settings = {**DEMO_SETTINGS, "log_level": "DEBUG"}
+    servers = {f: flavour_server(f, tiny_model_dir, log_dir, settings=settings)
+               for f in ("stock", "continuum")}
     try:
         for server in servers.values():
             server.start()

@@ -231,13 +231,12 @@ def test_step_limit(live_servers):
 def debug_server(live_servers, tiny_model_dir, tmp_path_factory):
     """A continuum server whose log shows every TTL decision with its session."""
     shared = live_servers["continuum"]
-    if shared.env.get("CONTINUUM_LOG_LEVEL", "").upper() == "DEBUG":
+    if any('"log_level": "DEBUG"' in arg for arg in shared.args):
         yield shared
         return
-    env = {"CONTINUUM_TTL_POLICY": "fixed", "CONTINUUM_DEFAULT_TTL_S": "30",
-           "CONTINUUM_LOG_LEVEL": "DEBUG"}
+    settings = {"ttl_policy": "fixed", "default_ttl_s": 30, "log_level": "DEBUG"}
     with flavour_server("continuum", tiny_model_dir, tmp_path_factory.mktemp("agent-debug"),
-                        env=env) as server:
+                        settings=settings) as server:
         yield server
 
 

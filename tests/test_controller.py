@@ -15,7 +15,7 @@ import pytest
 from vllm_continuum.config import load_config
 from vllm_continuum.core.controller import PinController
 from vllm_continuum.core.waiting_queue import PINNED, REGULAR
-from vllm_continuum.stats import ContinuumStats
+from vllm_continuum.metrics.stats import ContinuumStats
 
 BLOCK = 4  # tokens per block
 

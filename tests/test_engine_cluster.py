@@ -27,6 +27,7 @@ import zmq
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllm_continuum.config import additional_config_arg
 from vllm_continuum.adapter.dp_affinity import rank_for_session
 from vllm_continuum.cluster.local_cluster import Cluster, Instance
 from vllm_continuum.cluster.scenario import (
@@ -41,12 +42,8 @@ from vllm_continuum.tools.local_server import BLOCK_SIZE, CPU_SERVER_FLAGS, free
 pytestmark = pytest.mark.engine
 
 NUM_BLOCKS = 224  # 8 pinned sessions of ~14 blocks fit on one instance under the 0.6 cap
-ENV = {
-    "CONTINUUM_TTL_POLICY": "fixed",
-    "CONTINUUM_DEFAULT_TTL_S": "30",
-    "CONTINUUM_MAX_PINNED_FRACTION": "0.6",
-    "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache, for the KV-events reset check
-}
+SETTINGS = {"ttl_policy": "fixed", "default_ttl_s": 30, "max_pinned_fraction": 0.6}
+ENV = {"VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache, for the KV-events reset check
 ARGS = [*CPU_SERVER_FLAGS, "--num-gpu-blocks-override", str(NUM_BLOCKS),
         "--max-model-len", "2048", "--served-model-name", "tiny"]
 RESULTS: dict[str, dict] = {}  # label -> summary, printed at the end of the module
@@ -58,7 +55,8 @@ def dp_server_started(tiny_model_dir, tmp_path_factory):
     waited for in its own test, so that it boots while the cluster boots."""
     log = tmp_path_factory.mktemp("dp-logs") / "dp.log"
     server = Instance(tiny_model_dir, ["--scheduler-cls", "continuum", *ARGS,
-                                       "--data-parallel-size", "2"],
+                                       "--data-parallel-size", "2",
+                                       *additional_config_arg(SETTINGS)],
                       env=ENV, log_path=log, name="dp2")
     server.start()
     yield server
@@ -68,7 +66,7 @@ def dp_server_started(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir, tmp_path_factory, dp_server_started):
     log_dir = tmp_path_factory.mktemp("cluster")
-    with Cluster(tiny_model_dir, 2, log_dir, ARGS, env=ENV) as c:
+    with Cluster(tiny_model_dir, 2, log_dir, ARGS, env=ENV, settings=SETTINGS) as c:
         yield c
     print("\nscale-out measurements (resumed turns of 8 sessions x 4 calls):")
     for label, summary in RESULTS.items():
@@ -330,7 +328,7 @@ def test_kv_events_stay_true_with_pins(cluster):
         listing = httpx.get(f"{url}/continuum/pins", timeout=10).json()
         mine = [p for p in listing["pins"] if p["session_sha256"] == session_sha256(session)]
         assert len(mine) == 1 and mine[0]["blocks"] >= len(pinned) - 2, listing
-        assert 0 < mine[0]["expires_in_s"] <= float(ENV["CONTINUUM_DEFAULT_TTL_S"])
+        assert 0 < mine[0]["expires_in_s"] <= float(SETTINGS["default_ttl_s"])
 
         # While pinned: the pool cycles (evictions are reported), never ours.
         t0 = time.monotonic()

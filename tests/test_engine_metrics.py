@@ -25,7 +25,8 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_continuum.demos.pause_demo import DEMO_ENV
+from vllm_continuum.config import additional_config_arg
+from vllm_continuum.demos.pause_demo import DEMO_SETTINGS
 from vllm_continuum.demos.pause_scenario import run_pause_scenario
 from vllm_continuum.metrics.snapshot import EXPIRY_GRACE_S
 from vllm_continuum.tools.local_server import (
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "grafana" / "dashboards" / "vllm-continuum.json"
-TTL_S = float(DEMO_ENV["CONTINUUM_DEFAULT_TTL_S"])  # live_servers' fixed TTL; ours too
+TTL_S = float(DEMO_SETTINGS["default_ttl_s"])  # live_servers' fixed TTL; ours too
 SCRAPE_S = 1.0
 JOBS = ("single", "two_api")
 REASONS = ("resumed", "expired", "pressure", "last_turn", "aborted", "reset", "replaced")
@@ -75,9 +76,10 @@ def two_api_started(tiny_model_dir, tmp_path_factory):
         "--max-model-len", str((num_blocks - 1) * BLOCK_SIZE),
         "--scheduler-cls", "continuum",
         "--api-server-count", "2",
+        *additional_config_arg(DEMO_SETTINGS),
     ]
     log = tmp_path_factory.mktemp("server-logs-metrics") / "two_api.log"
-    server = CliServer(tiny_model_dir, args, env=DEMO_ENV, log_path=log, name="two_api")
+    server = CliServer(tiny_model_dir, args, log_path=log, name="two_api")
     server.start()
     yield server
     server.stop()

@@ -48,14 +48,14 @@ def slow_reload_profile(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_server(tiny_model_dir, slow_reload_profile, tmp_path_factory):
-    env = {
-        "CONTINUUM_TTL_POLICY": "continuum",
-        "CONTINUUM_COLD_START_SAMPLES": str(K),
-        "CONTINUUM_PREFILL_PROFILE": str(slow_reload_profile),
-        "CONTINUUM_LOG_LEVEL": "DEBUG",
+    settings = {
+        "ttl_policy": "continuum",
+        "cold_start_samples": K,
+        "prefill_profile": str(slow_reload_profile),
+        "log_level": "DEBUG",
     }
     server = flavour_server(
-        "continuum", tiny_model_dir, tmp_path_factory.mktemp("model-server"), env=env
+        "continuum", tiny_model_dir, tmp_path_factory.mktemp("model-server"), settings=settings
     )
     with server:
         yield server

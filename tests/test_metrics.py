@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-import vllm_continuum.stats as stats_module
+import vllm_continuum.metrics.stats as stats_module
 from vllm_continuum.adapter import metrics_registration as registration
 from vllm_continuum.metrics.collector import ContinuumCollector
 from vllm_continuum.metrics.snapshot import (
@@ -35,7 +35,7 @@ from vllm_continuum.metrics.snapshot import (
     snapshot_path,
 )
 from vllm_continuum.core.pin_table import Pin, PinTable, ReleaseReason
-from vllm_continuum.stats import ContinuumStats
+from vllm_continuum.metrics.stats import ContinuumStats
 
 
 class Clock:

@@ -40,7 +40,7 @@ from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.tool_calls import ToolCallDetector, vocab_token_id
 from vllm_continuum.core.ttl import make_ttl_policy
 from vllm_continuum.core.waiting_queue import LaneQueue
-from vllm_continuum.stats import ContinuumStats
+from vllm_continuum.metrics.stats import ContinuumStats
 
 logger = init_logger("vllm.continuum")
 

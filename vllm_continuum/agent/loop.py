@@ -40,7 +40,7 @@ from vllm_continuum.agent.trace import (
     TurnTrace,
     infer_pin_resumed,
 )
-from vllm_continuum.core.hints import LAST_TURN_KEY
+from vllm_continuum.core.hints import LAST_TURN_KEY, SESSION_HEADER
 
 __all__ = [
     "AgentEvent",
@@ -384,7 +384,6 @@ class AgentLoop:
         )
 
 
-SESSION_HEADER = "X-Session-ID"
 _MAX_HEADER_ID = 256
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from vllm_continuum.config import additional_config_arg
 from vllm_continuum.tools.local_server import VLLMServer, free_port, stop_process_group
 
 
@@ -179,6 +180,7 @@ class Cluster:
     served_model_name: str | None = None
     base_port: int | None = None
     env: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, object] = field(default_factory=dict)  # --additional-config's continuum
     kv_events: bool = True
     servers: list[Instance] = field(default_factory=list)
     relays: list[KVEventRelay] = field(default_factory=list)
@@ -189,7 +191,9 @@ class Cluster:
         for i in range(self.instances):
             port = self.base_port + i if self.base_port else free_port()
             server = Instance(
-                self.model, ["--scheduler-cls", "continuum", *self.vllm_args],
+                self.model,
+                ["--scheduler-cls", "continuum", *self.vllm_args,
+                 *(additional_config_arg(self.settings) if self.settings else [])],
                 env={**self.env, "CONTINUUM_INSTANCE": f"instance-{i}"}, log_path=self.log_dir / f"instance-{i}.log", port=port,
                 name=f"instance-{i}",
             )

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 import httpx
 from openai import OpenAI
 
-from vllm_continuum.agent.loop import SESSION_HEADER
 from vllm_continuum.cluster.instance_header import HEADER as INSTANCE_HEADER
-from vllm_continuum.core.hints import LAST_TURN_KEY
+from vllm_continuum.core.hints import LAST_TURN_KEY, SESSION_HEADER
 from vllm_continuum.demos.pause_scenario import WEATHER_TOOL, cached_tokens, filler_text
 
 

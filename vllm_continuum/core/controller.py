@@ -39,7 +39,7 @@ from vllm_continuum.core.workload import WorkloadModel
 
 if TYPE_CHECKING:
     from vllm_continuum.config import ContinuumConfig
-    from vllm_continuum.stats import ContinuumStats
+    from vllm_continuum.metrics.stats import ContinuumStats
 
 logger = logging.getLogger("vllm.continuum")
 

@@ -40,10 +40,10 @@ __all__ = ["AgentDemoConfig", "format_report", "run_agent_demo"]
 # A fixed TTL shows the mechanism (see pause_demo.py: on a CPU with the tiny model
 # the cost model would rightly pin almost nothing). The pinned-block cap is
 # raised so that every concurrent session can hold its pin in the small pool.
-DEMO_ENV = {
-    "CONTINUUM_TTL_POLICY": "fixed",
-    "CONTINUUM_DEFAULT_TTL_S": "30",
-    "CONTINUUM_MAX_PINNED_FRACTION": "0.75",
+DEMO_SETTINGS = {
+    "ttl_policy": "fixed",
+    "default_ttl_s": 30,
+    "max_pinned_fraction": 0.75,
 }
 SYSTEM = (
     "You are a travel agent. Use the tools to check the weather, do the arithmetic of the "
@@ -82,7 +82,7 @@ def run_agent_demo(
     out_dir = Path(out_dir)
     model = str(build_tiny_model(model_dir))
     server = flavour_server(flavour, model, out_dir, num_blocks=cfg.num_blocks,
-                            env=DEMO_ENV if not stock else {})
+                            settings=DEMO_SETTINGS)
     total = cfg.sessions * cfg.turns
     with tqdm(total=total, desc=f"agent demo ({flavour})", unit="turn") as bar:
         thread: ServiceThread | None = None

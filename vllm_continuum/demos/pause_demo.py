@@ -15,16 +15,16 @@ from vllm_continuum.tools.tiny_model import build_tiny_model
 # which includes the other sessions' traffic (the continuum model would not pin
 # here: a tiny model on a CPU reloads 600 tokens in well under a second), and a
 # per-session quota that lets one session pin a third of this 64-block pool.
-DEMO_ENV = {
-    "CONTINUUM_TTL_POLICY": "fixed",
-    "CONTINUUM_DEFAULT_TTL_S": "30",
-    "CONTINUUM_MAX_SESSION_PINNED_FRACTION": "0.4",
+DEMO_SETTINGS = {
+    "ttl_policy": "fixed",
+    "default_ttl_s": 30,
+    "max_session_pinned_fraction": 0.4,
 }
 
 
 def run_pause_demo(model_dir: Path, out_dir: Path, flavours: list[str]) -> int:
     model = str(build_tiny_model(model_dir))
-    servers = [flavour_server(f, model, out_dir, env=DEMO_ENV) for f in flavours]
+    servers = [flavour_server(f, model, out_dir, settings=DEMO_SETTINGS) for f in flavours]
     results: list[PauseResult] = []
     with tqdm(total=2 * len(servers), desc="demo", unit="step") as bar:
         try:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from vllm_continuum.config import additional_config_arg
+
 BLOCK_SIZE = 32
 # Flags every local server of this project uses on a CPU machine: eager mode
 # (start-up in ~30 s instead of ~65 s), a small block size the CPU kernels
@@ -117,10 +119,12 @@ def flavour_server(
     log_dir: Path,
     *,
     num_blocks: int = 64,
+    settings: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
 ) -> VLLMServer:
-    """A CPU server that is stock vLLM or continuum and otherwise identical."""
+    """A CPU server that is stock vLLM or continuum and otherwise identical;
+    `settings` go to continuum through `--additional-config`."""
     if flavour not in ("stock", "continuum"):
         raise ValueError(f"unknown server flavour {flavour!r}")
     # vLLM refuses a max_model_len the pool cannot hold (one block is its null block).
@@ -132,7 +136,7 @@ def flavour_server(
         *extra_args,
     ]
     if flavour == "continuum":
-        args += ["--scheduler-cls", "continuum"]
+        args += ["--scheduler-cls", "continuum", *additional_config_arg(settings or {})]
     log_dir.mkdir(parents=True, exist_ok=True)
     return VLLMServer(
         model, args, env=dict(env or {}), log_path=log_dir / f"{flavour}.log", name=flavour

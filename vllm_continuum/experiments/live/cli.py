@@ -36,7 +36,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from vllm_continuum.experiments.live.compare import (
+    from vllm_continuum.experiments.live.flavours import (
         DEFAULT_LAYERS,
         DEFAULT_MAX_MODEL_LEN,
         DEFAULT_NUM_BLOCKS,

@@ -17,44 +17,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-from vllm_continuum.core.pressure import pressure_variants
+from vllm_continuum.experiments.live.flavours import (
+    COMMON_CONTINUUM_SETTINGS,
+    DEFAULT_LAYERS,
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_NUM_BLOCKS,
+    DEFAULT_WORKLOAD,
+    FLAVOURS,
+)
 from vllm_continuum.experiments.live.replay import replay
 from vllm_continuum.experiments.report import markdown_table, plot_runs, ratio, summarize, write_runs
 from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.workload_spec import load_trace, trace_for_run
-
-
-@dataclass(frozen=True)
-class Flavour:
-    name: str
-    server: str  # "stock" or "continuum"
-    env: dict = field(default_factory=dict)
-
-
-# What `compare --flavours` accepts: stock, and each TTL policy under the
-# configured pressure policy (plain name) or an explicit one (-yield, -hold).
-FLAVOURS = {"stock": Flavour("stock", "stock")} | {
-    name: Flavour(name, "continuum", env)
-    for ttl in ("continuum", "fixed", "forever")
-    for name, env in pressure_variants(ttl, {"CONTINUUM_TTL_POLICY": ttl}, "CONTINUUM_PRESSURE_POLICY").items()
-}
-
-# The CPU benchmark's defaults (docs/benchmarks.md explains the choice).
-DEFAULT_WORKLOAD = "cpu-agent"
-DEFAULT_LAYERS = 2
-DEFAULT_NUM_BLOCKS = 160  # x 32 tokens: a 5,120-token pool
-DEFAULT_MAX_MODEL_LEN = 4096
-# Every continuum server: one session may pin up to 40% of this small pool
-# (its whole context), pins up to half of it in all (the default); the TTL
-# model trusts tool CDFs after 20 samples (K; the default 100 is more tool
-# calls than a CPU run makes, which would leave it in cold start throughout).
-COMMON_CONTINUUM_ENV = {
-    "CONTINUUM_MAX_SESSION_PINNED_FRACTION": "0.4",
-    "CONTINUUM_COLD_START_SAMPLES": "20",
-}
 
 
 def _report(runs: Sequence[RunResult], out_dir: Path, baseline: str | None, extra: dict) -> str:
@@ -155,8 +132,8 @@ def run_compare(
         "num_blocks": num_blocks,
         "block_size": 32,
         "max_model_len": max_model_len,
-        "flavours": {f: FLAVOURS[f].env for f in flavours},
-        "common_continuum_env": COMMON_CONTINUUM_ENV,
+        "flavours": {f: FLAVOURS[f].settings for f in flavours},
+        "common_continuum_settings": COMMON_CONTINUUM_SETTINGS,
         "time_scale": time_scale,
     }
     print(json.dumps({k: v for k, v in setup.items() if k != "command"}, indent=1))
@@ -170,17 +147,18 @@ def run_compare(
         if len(rounds) <= round_no:
             rounds.append([])
         flavour = FLAVOURS[name]
-        env = {}
+        settings = {}
         if flavour.server == "continuum":
-            env = {**COMMON_CONTINUUM_ENV, **flavour.env, "CONTINUUM_PREFILL_PROFILE": str(profile_path)}
+            settings = {**COMMON_CONTINUUM_SETTINGS, **flavour.settings,
+                        "prefill_profile": str(profile_path)}
         server = flavour_server(
             flavour.server, model, out_dir / "logs", num_blocks=num_blocks,
-            env=env, extra_args=extra_args,
+            settings=settings, extra_args=extra_args,
         )
         server.log_path = out_dir / "logs" / f"{name}.log"
         server.name = name
         print(f"[compare] round {round_no + 1}/{repeats}: starting {name} "
-              f"({flavour.server}, env {env})", flush=True)
+              f"({flavour.server}, settings {settings})", flush=True)
         server.start()
         try:
             server.wait_ready(timeout_s=600)

@@ -30,6 +30,7 @@ import time
 import httpx
 from tqdm import tqdm
 
+from vllm_continuum.core.hints import SESSION_HEADER
 from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
 from vllm_continuum.experiments.trace_format import Program, Trace, Turn, continuum_hints
 
@@ -58,7 +59,7 @@ async def _send_turn(
     usage: dict = {}
     # The session also as the header routers hash (vLLM reads either).
     session = body.get("session_id")
-    headers = {"X-Session-ID": session} if session else None
+    headers = {SESSION_HEADER: session} if session else None
     async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")[:500]

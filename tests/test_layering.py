@@ -1,0 +1,88 @@
+"""No import runs back up between our packages: core <- adapter <- plugin,
+and the experiments' shared part <- live/ and sim/, which ignore each other.
+
+Read from source (lazy imports included; `if TYPE_CHECKING:` blocks, which
+never run, excluded), so every path is covered, not only the ones a test
+happens to take."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import vllm_continuum
+
+PACKAGE = Path(vllm_continuum.__file__).parent
+
+
+def _modules(folder: str) -> list[Path]:
+    return sorted((PACKAGE / folder).rglob("*.py"))
+
+
+def _our_imports(path: Path) -> set[str]:
+    """The `vllm_continuum` modules (or names in them) a file imports at run time."""
+    tree = ast.parse(path.read_text())
+    skip = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in ast.walk(node)
+    }
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return {n for n in names if n.startswith("vllm_continuum.")}
+
+
+# folder -> the packages (prefixes) its modules may import
+ALLOWED = {
+    "core": ("vllm_continuum.core", "vllm_continuum.config"),
+    "adapter": ("vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.adapter",
+                "vllm_continuum.metrics"),
+    "metrics": ("vllm_continuum.metrics", "vllm_continuum.core"),
+    "experiments/live": ("vllm_continuum.experiments.live", "vllm_continuum.experiments.",
+                         "vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.tools"),
+    "experiments/sim": ("vllm_continuum.experiments.sim", "vllm_continuum.experiments.",
+                        "vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.adapter",
+                        "vllm_continuum.tools"),
+}
+FORBIDDEN = {
+    "experiments/live": ("vllm_continuum.experiments.sim",),
+    "experiments/sim": ("vllm_continuum.experiments.live",),
+}
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_imports_only_run_down(folder):
+    wrong = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in _modules(folder)
+        for name in sorted(_our_imports(path))
+        if not name.startswith(ALLOWED[folder]) or name.startswith(FORBIDDEN.get(folder, ("-",)))
+    ]
+    assert not wrong
+
+
+def test_the_shared_experiment_code_imports_neither_live_nor_sim():
+    shared = [p for p in _modules("experiments") if p.parent.name in ("experiments", "configs")]
+    assert shared
+    wrong = [
+        f"{p.relative_to(PACKAGE)} imports {name}"
+        for p in shared
+        for name in _our_imports(p)
+        if name.startswith(("vllm_continuum.experiments.live", "vllm_continuum.experiments.sim"))
+    ]
+    assert not wrong
+
+
+def test_the_check_sees_a_back_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from vllm_continuum.experiments.live import replay\n")
+    assert _our_imports(bad) == {"vllm_continuum.experiments.live"}

@@ -1,0 +1,39 @@
+"""What `compare` can start: stock vLLM and continuum under each TTL and
+pressure policy, with the CPU benchmark's defaults. Light (no HTTP client),
+so the command line can offer the choices without importing the benchmark."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm_continuum.core.pressure import pressure_variants
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    server: str  # "stock" or "continuum"
+    settings: dict = field(default_factory=dict)  # --additional-config's continuum
+
+
+# What `compare --flavours` accepts: stock, and each TTL policy under the
+# configured pressure policy (plain name) or an explicit one (-yield, -hold).
+FLAVOURS = {"stock": Flavour("stock", "stock")} | {
+    name: Flavour(name, "continuum", settings)
+    for ttl in ("continuum", "fixed", "forever")
+    for name, settings in pressure_variants(ttl, {"ttl_policy": ttl}, "pressure_policy").items()
+}
+
+# The CPU benchmark's defaults (docs/benchmarks.md explains the choice).
+DEFAULT_WORKLOAD = "cpu-agent"
+DEFAULT_LAYERS = 2
+DEFAULT_NUM_BLOCKS = 160  # x 32 tokens: a 5,120-token pool
+DEFAULT_MAX_MODEL_LEN = 4096
+# Every continuum server: one session may pin up to 40% of this small pool
+# (its whole context), pins up to half of it in all (the default); the TTL
+# model trusts tool CDFs after 20 samples (K; the default 100 is more tool
+# calls than a CPU run makes, which would leave it in cold start throughout).
+COMMON_CONTINUUM_SETTINGS = {
+    "max_session_pinned_fraction": 0.4,
+    "cold_start_samples": 20,
+}
