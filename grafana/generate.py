@@ -6,7 +6,7 @@
 The dashboard is code so that its PromQL lives in one reviewed place; the
 generated JSON is committed (Grafana imports JSON) and a test checks that
 it matches this script and that every expression evaluates on a real
-Prometheus scraping a real vLLM server (tests/test_engine_metrics.py).
+Prometheus scraping a real vLLM server (tests/engine/test_engine_metrics.py).
 Every panel filters on the `model_name` variable, as vLLM's metrics do, and
 on `instance` (Prometheus's target label: one vLLM server each; "All" by
 default), so one dashboard reads one server or a whole cluster; the

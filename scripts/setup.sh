@@ -25,7 +25,7 @@ setup_cpu() {
 }
 
 setup_prometheus() {
-  # tests/test_engine_metrics.py scrapes the live servers with a real Prometheus
+  # tests/engine/test_engine_metrics.py scrapes the live servers with a real Prometheus
   # (Debian's package; the test starts its own instance on loopback).
   if command -v prometheus >/dev/null 2>&1; then return 0; fi
   if ! command -v apt-get >/dev/null 2>&1; then
@@ -68,8 +68,10 @@ for line in requires("vllm"):
         print(line.split(";")[0])
 PY
     "$py" -m pip install --quiet -r .venv-vllm033.requirements.txt \
-      'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100'
+      'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100' 'matplotlib>=3.8'
   fi
+  # A venv made before the simulator's tests joined this tier (they plot).
+  "$py" -c 'import matplotlib' 2>/dev/null || "$py" -m pip install --quiet 'matplotlib>=3.8'
   "$py" -m pip install --quiet --no-deps -e .
 }
 

@@ -6,7 +6,7 @@
 The model is the one source of every setting's name, type, default and
 meaning: the table is generated between two marker comments and committed
 (a reader of the repository sees it without running anything), and
-tests/test_config_reference.py fails when it differs from what the model
+tests/unit/test_config_reference.py fails when it differs from what the model
 renders, so a new or changed field cannot leave the documentation behind.
 """
 

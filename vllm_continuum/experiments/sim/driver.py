@@ -6,7 +6,7 @@ full-attention group of `num_blocks` blocks, no tensor allocated), so any
 scheduler class can be built, and the model runner is replaced by
 `synthetic_output`: each scheduled request whose prefill is complete samples
 one token, the one its caller scripted. The simulator's event loop (loop.py)
-and the scheduler tests (tests/harness.py) drive schedulers through this
+and the scheduler tests (tests/scheduler/harness.py) drive schedulers through this
 module alone.
 
 vLLM is imported inside the functions, so that the experiment commands load

@@ -35,7 +35,7 @@ from vllm_continuum.tools.local_server import (
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "grafana" / "dashboards" / "vllm-continuum.json"
 TTL_S = float(DEMO_SETTINGS["default_ttl_s"])  # live_servers' fixed TTL; ours too
 SCRAPE_S = 1.0

@@ -16,7 +16,7 @@ from vllm_continuum.config import (
     load_config,
 )
 
-DEFAULTS_FILE = Path(__file__).parent.parent / "configs" / "continuum.yaml"
+DEFAULTS_FILE = Path(__file__).resolve().parents[2] / "configs" / "continuum.yaml"
 
 
 @pytest.fixture(autouse=True)

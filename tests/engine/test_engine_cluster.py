@@ -73,7 +73,7 @@ def cluster(tiny_model_dir, tmp_path_factory, dp_server_started):
         print(f"  {label}: {json.dumps(summary)}")
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The exporter without a server: snapshots written by the engine side
 (`ContinuumStats`), read by the front-end collector, and the wiring into
 prometheus_client registries. The live path (a real vLLM server scraped by a
-real Prometheus) is tests/test_engine_metrics.py."""
+real Prometheus) is tests/engine/test_engine_metrics.py."""
 
 from __future__ import annotations
 
@@ -393,7 +393,7 @@ def test_vllm_version_lookup_works_for_the_cpu_build(monkeypatch):
 
 def test_dashboard_json_is_what_the_generator_builds():
     pytest.importorskip("grafana_foundation_sdk", reason="pip install -e '.[test]'")
-    generator = Path(__file__).resolve().parents[1] / "grafana" / "generate.py"
+    generator = Path(__file__).resolve().parents[2] / "grafana" / "generate.py"
     run = subprocess.run(
         [sys.executable, str(generator), "--check"], capture_output=True, text=True, check=False
     )

@@ -3,7 +3,7 @@ and block pool, with the invariants checked after every rule.
 
 CI runs 100 examples x 100 rules = 10,000 rules per pressure policy and
 scheduler variant. The nightly-style run is
-`CONTINUUM_HYPOTHESIS_PROFILE=nightly pytest tests/test_scheduler_properties.py`
+`CONTINUUM_HYPOTHESIS_PROFILE=nightly pytest tests/scheduler/test_scheduler_properties.py`
 (2,000 examples x 200 rules each).
 """
 
@@ -260,13 +260,15 @@ def scheduler_machine(
         def teardown(self):
             if not hasattr(self, "s"):
                 return
+            # Ending the run is a release path too (an abort of everything, then a
+            # reset), audited below like every other.
+            self.s.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+            assert not self.s.continuum.turns
+            self.s.continuum.release_all(ReleaseReason.RESET)
             stats = self.s.continuum.stats
             seen["pins"] += sum(stats.pins_by_tool.values())
             seen["programs ended"] += len(self.s.continuum.workload.programs)
             seen.update(f"release:{k}" for k, n in stats.releases_by_reason.items() for _ in range(n))
-            self.s.finish_requests(None, RequestStatus.FINISHED_ABORTED)
-            assert not self.s.continuum.turns
-            self.s.continuum.release_all(ReleaseReason.RESET)
             counts = audit(self.s)
             assert counts["free"] == counts["pool"], counts
 

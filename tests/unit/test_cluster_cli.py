@@ -1,5 +1,5 @@
 """`vllm-continuum cluster` without starting anything: the commands it builds
-and its argument handling (the live behaviour is tests/test_engine_cluster.py)."""
+and its argument handling (the live behaviour is tests/engine/test_engine_cluster.py)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_prometheus_config_scrapes_every_instance():
 
     import yaml
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "prometheus.yml"
+    path = Path(__file__).resolve().parents[2] / "configs" / "prometheus.yml"
     config = yaml.safe_load(path.read_text())
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
     assert jobs["vllm"]["static_configs"][0]["targets"] == ["127.0.0.1:8000"]

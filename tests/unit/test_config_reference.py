@@ -12,7 +12,7 @@ import pytest
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.config_reference import BEGIN, DOC, END, main, render_table, splice
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
