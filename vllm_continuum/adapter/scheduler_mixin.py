@@ -66,10 +66,11 @@ class ContinuumSchedulerMixin:
         self._tool_calls = ToolCallDetector(tokenizer, cfg.tool_call_token, cfg.tool_call_patterns)
         self._ledger = VllmBlockLedger(self)
         pinning = bool(self.cache_config.enable_prefix_caching)
+        self._stats = ContinuumStats()
         self.continuum = PinController(
             cfg,
             self._ledger,
-            ContinuumStats(),
+            self._stats,
             block_size=self.block_size,
             hash_block_size=getattr(self, "hash_block_size", self.block_size) or self.block_size,
             one_kv_group=len(self.kv_cache_config.kv_cache_groups) == 1,
@@ -83,7 +84,7 @@ class ContinuumSchedulerMixin:
         self._affinity = AffinityMonitor(
             vocab_token_id(tokenizer, cfg.tool_result_token),
             vocab_token_id(tokenizer, cfg.tool_call_token),
-            on_miss=self.continuum.stats.on_affinity_miss,
+            on_miss=self._stats.on_affinity_miss,
             max_sessions=cfg.max_tracked_sessions,
         )
         note = getattr(self.continuum.ttl_policy, "profile_note", lambda n: None)(self.max_model_len)
@@ -202,9 +203,9 @@ class ContinuumSchedulerMixin:
     def _publish(self) -> None:
         """Offer the current state to the metrics exporter (it rate-limits)."""
         c = self.continuum
-        if c.stats.writer is None:
+        if self._stats.writer is None:
             return  # not exported (simulation, offline use): nothing to offer
-        c.stats.publish(
+        self._stats.publish(
             pins=c.pins, pool_size=self._ledger.pool_size, now=c.clock(),
             idle=not self.has_requests(), held=c.held,
         )

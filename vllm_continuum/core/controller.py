@@ -39,7 +39,6 @@ from vllm_continuum.core.workload import WorkloadModel
 
 if TYPE_CHECKING:
     from vllm_continuum.config import ContinuumConfig
-    from vllm_continuum.metrics.stats import ContinuumStats
 
 logger = logging.getLogger("vllm.continuum")
 
@@ -59,6 +58,19 @@ class TurnRequest(Protocol):
     priority: int
 
 
+class PinEvents(Protocol):
+    """What the controller reports (`vllm_continuum.metrics.stats.ContinuumStats`
+    counts it for `/metrics`)."""
+
+    def on_pin(self, pin: Pin) -> None: ...
+    def on_pin_refused(self, tool: str) -> None: ...
+    def on_release(self, pin: Pin, reason: ReleaseReason, now: float) -> None: ...
+    def on_resume(self, had_pin: bool, prompt_tokens: int, cached_tokens: int) -> None: ...
+    def on_invalid_hints(self, count: int) -> None: ...
+    def on_ttl_decision(self, tool: str, ttl_s: float, source: str) -> None: ...
+    def on_tool_duration(self, tool: str, seconds: float) -> None: ...
+
+
 @dataclass
 class Turn:
     """What the controller keeps about a request until it is freed."""
@@ -76,7 +88,7 @@ class PinController:
         self,
         config: ContinuumConfig,
         ledger: BlockLedger,
-        stats: ContinuumStats,
+        stats: PinEvents,
         *,
         block_size: int,
         hash_block_size: int,

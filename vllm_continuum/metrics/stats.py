@@ -47,7 +47,7 @@ class ContinuumStats:
     invalid_hints: int = 0
     pins_refused_by_cap: int = 0
     # Requests continuing a session whose earlier turn ran on another engine
-    # (vllm_continuum.adapter.affinity): a router broke the session's affinity.
+    # (vllm_continuum.core.affinity): a router broke the session's affinity.
     affinity_misses: int = 0
     # Recent events, newest last (bounded: the oldest half goes when full).
     ttl_decisions: list[tuple[str, float, str]] = field(default_factory=list)
