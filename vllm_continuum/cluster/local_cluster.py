@@ -15,15 +15,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 
 from vllm_continuum.config import additional_config_arg
-from vllm_continuum.tools.local_server import VLLMServer, free_port, stop_process_group
+from vllm_continuum.tools.local_server import LocalProcess, VLLMServer, free_port
 
 
 
@@ -110,7 +108,7 @@ class Instance(VLLMServer):
 
 
 @dataclass
-class Router:
+class Router(LocalProcess):
     """One `vllm-router` process in front of `worker_urls`."""
 
     worker_urls: Sequence[str]
@@ -122,10 +120,8 @@ class Router:
     port: int = field(default_factory=free_port)
     log_path: Path | None = None
     process: subprocess.Popen | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    name: str = "vllm-router"
+    stop_timeout_s: float = 10.0
 
     @property
     def command(self) -> list[str]:
@@ -144,29 +140,7 @@ class Router:
         return [*cmd, *self.extra_args]
 
     def start(self) -> Router:
-        log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            self.command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
-        )
-        return self
-
-    def wait_ready(self, timeout_s: float = 120.0) -> Router:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                tail = Path(self.log_path).read_text(errors="replace")[-3000:] if self.log_path else ""
-                raise RuntimeError(f"vllm-router exited with {self.process.returncode}:\n{tail}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"vllm-router not ready after {timeout_s:.0f} s; log: {self.log_path}")
-
-    def stop(self) -> None:
-        stop_process_group(self.process, timeout_s=10)
+        return self._spawn({**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
 
 
 @dataclass
@@ -228,7 +202,7 @@ class Cluster:
             log_path=self.log_dir / f"router-{policy}.log",
             **({"port": port} if port else {}),
         )
-        self.router = router.start().wait_ready()
+        self.router = router.start().wait_ready(timeout_s=120)
         return self.router
 
     def stop_router(self) -> None:

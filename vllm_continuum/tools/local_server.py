@@ -44,8 +44,67 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class LocalProcess:
+    """A local HTTP server process in its own process group (a vLLM server, the
+    router): started with its output in `log_path`, ready when `/health`
+    answers, stopped with its whole group. Subclasses are dataclasses with
+    `port`, `log_path`, `process`, `name` and a `command`."""
+
+    port: int
+    log_path: Path | None
+    process: subprocess.Popen | None
+    name: str
+    stop_timeout_s: float = 30.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _spawn(self, env: Mapping[str, str]):
+        log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            self.command, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = 240.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with code {self.process.returncode} during "
+                    f"start-up; see its log: {self.log_path}\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s; log: {self.log_path}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path or not Path(self.log_path).exists():
+            return ""
+        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        stop_process_group(self.process, timeout_s=self.stop_timeout_s)
+
+    def __enter__(self):
+        return self.start().wait_ready()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 @dataclass
-class VLLMServer:
+class VLLMServer(LocalProcess):
     """One `api_server` process; use as a context manager or call start/stop."""
 
     model: str
@@ -57,10 +116,6 @@ class VLLMServer:
     process: subprocess.Popen | None = None
 
     @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
     def command(self) -> list[str]:
         return [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -69,48 +124,13 @@ class VLLMServer:
         ]
 
     def start(self) -> VLLMServer:
-        env = {
+        return self._spawn({
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "PYTHONUNBUFFERED": "1",
             **self.env,
-        }
-        log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            self.command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        return self
-
-    def wait_ready(self, timeout_s: float = 240.0) -> VLLMServer:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} server exited with code {self.process.returncode} during "
-                    f"start-up; see its log: {self.log_path}\n{self.log_tail()}"
-                )
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"{self.name} server not ready after {timeout_s:.0f} s; log: {self.log_path}")
-
-    def log_tail(self, lines: int = 30) -> str:
-        if not self.log_path or not Path(self.log_path).exists():
-            return ""
-        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        stop_process_group(self.process, timeout_s=30)
-
-    def __enter__(self) -> VLLMServer:
-        return self.start().wait_ready()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        })
 
 
 def flavour_server(
