@@ -20,6 +20,7 @@ import asyncio
 import json
 import random
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,15 +246,9 @@ def format_report(
         f"{ttft([c for c in judged if not c['pin_resumed']])})",
         "  tool calls: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())),
         "  turns: " + ", ".join(
-            f"{k} {v}" for k, v in sorted(_count(r["finish_reason"] for r in results).items())
+            f"{k} {v}" for k, v in sorted(Counter(r["finish_reason"] for r in results).items())
         ),
     ]
     return "\n".join(lines)
 
-
-def _count(items: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items:
-        out[item] = out.get(item, 0) + 1
-    return out
 
