@@ -21,7 +21,6 @@ vLLM that works:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -120,11 +119,13 @@ class ContinuumSchedulerMixin:
         if request.request_id not in self.requests:
             params = request.sampling_params
             c.on_arrival(request, getattr(params, "extra_args", None) if params is not None else None)
-            with _never_fails("affinity signal"):
+            try:
                 self._affinity.on_arrival(
                     session_key(request.session_id), request.request_id,
                     request.prompt_token_ids or (),
                 )
+            except Exception:  # noqa: BLE001  (a signal must never fail a request)
+                logger.debug("continuum: affinity signal failed", exc_info=True)
         super().add_request(request)
         self._publish()  # the engine wakes: the front end must stop judging idle pins
 
@@ -138,11 +139,11 @@ class ContinuumSchedulerMixin:
             for session in self._lane_changes:
                 self._reclassify(session)
             self._lane_changes.clear()
-        admitted = [
-            (self.requests[new.req_id], new.num_computed_tokens)
-            for new in output.scheduled_new_reqs if new.req_id in self.requests
-        ]
-        if admitted:
+        if output.scheduled_new_reqs:
+            admitted = [
+                (self.requests[new.req_id], new.num_computed_tokens)
+                for new in output.scheduled_new_reqs if new.req_id in self.requests
+            ]
             self.continuum.after_step(admitted, self._oldest_waiting())
         return output  # published after update_from_output, once per step
 
@@ -158,10 +159,12 @@ class ContinuumSchedulerMixin:
 
     def _free_request_blocks(self, request: Request) -> None:
         if request.is_finished():
-            with _never_fails("affinity signal"):
+            try:
                 self._affinity.on_finish(
                     session_key(request.session_id), request.request_id, request.output_token_ids
                 )
+            except Exception:  # noqa: BLE001  (a signal must never fail a request)
+                logger.debug("continuum: affinity signal failed", exc_info=True)
             if self.continuum.on_finished(
                 request,
                 aborted=request.status == RequestStatus.FINISHED_ABORTED,
@@ -248,12 +251,3 @@ def _set_log_level(level: str | None) -> None:
         handler.setFormatter(parent.handlers[0].formatter)
         logger.addHandler(handler)
         logger.propagate = False
-
-
-@contextlib.contextmanager
-def _never_fails(what: str):
-    """A signal (not a pin rule) must never fail a request: log and go on."""
-    try:
-        yield
-    except Exception:  # noqa: BLE001
-        logger.debug("continuum: %s failed", what, exc_info=True)
