@@ -1,5 +1,5 @@
 """The documentation stays true to the code: the settings table is what the
-model renders, and every relative link of README.md and docs/*.md resolves
+model renders, and every relative link of README.md, docs/*.md and docs/results/*.md resolves
 (files, and headings for `#anchors` into Markdown)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.config_reference import BEGIN, DOC, END, main, render_table, splice
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "docs/results").glob("*.md"))]
 
 
 def test_committed_table_is_what_the_model_renders(capsys):

@@ -21,6 +21,15 @@ def command_line() -> str:
     return "vllm-continuum " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
+def publish_arg(p: argparse.ArgumentParser) -> None:
+    """`--publish NAME`, for the commands that print a measured report (publish.py)."""
+    from vllm_continuum.experiments.publish import result_name
+
+    p.add_argument("--publish", type=result_name, metavar="NAME",
+                   help="also write the report, with this command line, the date and the git "
+                        "commit, to docs/results/NAME.md (run from the repository root)")
+
+
 def workload_args(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--workload", default=default,
                    help="a spec name in vllm_continuum/experiments/configs/workloads/ (swebench, bfcl, "

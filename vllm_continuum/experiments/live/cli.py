@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_continuum.experiments.cli import command_line, workload_args
+from vllm_continuum.experiments.cli import command_line, publish_arg, workload_args
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -20,6 +20,7 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench(
         args.url, args.workload, args.out, label=args.label, num_programs=args.programs,
         rate=args.rate, seed=args.seed, time_scale=args.time_scale, command=command_line(),
+        publish=args.publish,
     )
 
 
@@ -31,7 +32,7 @@ def _compare(args: argparse.Namespace) -> int:
         num_layers=args.layers, num_blocks=args.num_blocks, max_model_len=args.max_model_len,
         num_programs=args.programs, rate=args.rate, seed=args.seed,
         time_scale=args.time_scale, prefill_profile=args.prefill_profile,
-        repeats=args.repeats, command=command_line(),
+        repeats=args.repeats, command=command_line(), publish=args.publish,
     )
 
 
@@ -51,6 +52,7 @@ def register(subparsers) -> None:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply arrival times and tool durations")
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
+    publish_arg(p)
     p.set_defaults(run=_bench)
 
     p = subparsers.add_parser(
@@ -68,4 +70,5 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of the flavours, in alternating order (A B, B A, ...)")
     p.add_argument("--out", type=Path, default=Path("runs/compare"))
+    publish_arg(p)
     p.set_defaults(run=_compare)

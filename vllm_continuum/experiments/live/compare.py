@@ -29,6 +29,7 @@ from vllm_continuum.experiments.live.flavours import (
     FLAVOURS,
 )
 from vllm_continuum.experiments.live.replay import replay
+from vllm_continuum.experiments.publish import publish_report
 from vllm_continuum.experiments.report import markdown_table, plot_runs, ratio, summarize, write_runs
 from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.workload_spec import load_trace, trace_for_run
@@ -73,12 +74,16 @@ def run_bench(
     seed: int | None = None,
     time_scale: float = 1.0,
     command: str = "",
+    publish: str | None = None,
 ) -> int:
     """Replay a workload against one running OpenAI-compatible server."""
     trace = load_trace(workload, num_programs=num_programs, arrival_rate=rate, seed=seed)
     run = replay(url, trace, label=label, time_scale=time_scale, seed=trace.meta.get("seed", 0))
-    print(_report([run], out_dir, None, {"workload": workload, "command": command,
-                                         "trace": trace.summary()}))
+    text = _report([run], out_dir, None, {"workload": workload, "command": command,
+                                          "trace": trace.summary()})
+    print(text)
+    if publish:
+        publish_report(publish, text, command)
     return 1 if run.errors else 0
 
 
@@ -103,6 +108,7 @@ def run_compare(
     profile_lengths: Sequence[int] = (128, 256, 512, 1024, 2048),
     repeats: int = 1,
     command: str = "",
+    publish: str | None = None,
 ) -> int:
     """Start each flavour's server in turn, replay the same trace, print ratios.
 
@@ -185,6 +191,8 @@ def run_compare(
         text += "\n\n" + round_table(rounds)
         (out_dir / "rounds.md").write_text(round_table(rounds) + "\n")
     print(text)
+    if publish:
+        publish_report(publish, text, command)
     return 1 if any(r.errors for r in runs) else 0
 
 

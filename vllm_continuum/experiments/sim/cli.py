@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_continuum.experiments.cli import command_line, workload_args
+from vllm_continuum.experiments.cli import command_line, publish_arg, workload_args
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -29,13 +29,13 @@ def _sim(args: argparse.Namespace) -> int:
             args.workload, args.cost_model, args.out, instances=args.instances,
             routings=args.routing or ROUTINGS, policies=args.policies, num_programs=args.programs,
             rate=args.rate, seed=args.seed, settings=settings,
-            routing_options={"eps": args.bounded_eps}, command=command_line(),
+            routing_options={"eps": args.bounded_eps}, command=command_line(), publish=args.publish,
         )
     return run_sim(
         workload=args.workload, cost_model=args.cost_model, out_dir=args.out,
         policies=args.policies, num_programs=args.programs, rate=args.rate, seed=args.seed,
         sweep=args.sweep, sweep_programs=args.sweep_programs, seeds=args.seeds,
-        settings=settings, command=command_line(),
+        settings=settings, command=command_line(), publish=args.publish,
     )
 
 
@@ -45,7 +45,7 @@ def _overhead(args: argparse.Namespace) -> int:
     return run_overhead(
         workload=args.workload, cost_model=args.cost_model, num_programs=args.programs,
         rate=args.rate, seed=args.seed, repeats=args.repeats, out_dir=args.out,
-        command=command_line(),
+        command=command_line(), publish=args.publish,
     )
 
 
@@ -85,6 +85,7 @@ def register(subparsers) -> None:
                    help="consistent_hash_bounded: no instance takes a request at ceil((1 + eps) x "
                         "the mean load)")
     p.add_argument("--out", type=Path, default=Path("runs/sim"))
+    publish_arg(p)
     p.set_defaults(run=_sim)
 
     p = subparsers.add_parser("overhead", help="scheduler time per step, continuum vs stock")
@@ -92,6 +93,7 @@ def register(subparsers) -> None:
     p.add_argument("--cost-model", default="h100-llama3.1-8b")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, default=Path("runs/overhead"))
+    publish_arg(p)
     p.set_defaults(run=_overhead)
 
     p = subparsers.add_parser("fit-cost-model",

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vllm_continuum.experiments.publish import publish_report
 from vllm_continuum.experiments.report import plot_runs, ratio, save_figure, summarize, write_runs
 from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.sim.routing import ROUTINGS
@@ -126,6 +127,7 @@ def run_cluster(
     settings: dict[str, str] | None = None,
     routing_options: dict | None = None,
     command: str = "",
+    publish: str | None = None,
 ) -> int:
     started = time.perf_counter()
     out_dir, cost, profile_path, trace = prepare_run(
@@ -169,5 +171,7 @@ def run_cluster(
     report = "\n".join(text)
     (out_dir / "report.md").write_text(report + "\n")
     print(report)
+    if publish:
+        publish_report(publish, report, command)
     print(f"results: {out_dir / 'results.json'}; plots: {', '.join(str(p) for p in plots)}")
     return 0

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vllm_continuum.experiments.publish import publish_report
 from vllm_continuum.experiments.sim.cost_model import load_cost_model
 from vllm_continuum.experiments.sim.run import prepare_profile, simulate
 from vllm_continuum.experiments.workload_spec import load_trace
@@ -38,6 +39,7 @@ def run_overhead(
     out_dir: Path = Path("runs/overhead"),
     policies: tuple[str, str] = ("stock", "continuum"),
     command: str = "",
+    publish: str | None = None,
 ) -> int:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -86,4 +88,6 @@ def run_overhead(
     (out_dir / "results.json").write_text(json.dumps(
         {"per_run": per, "median": med, "ratios": ratios, "command": command}, indent=1))
     print(report)
+    if publish:
+        publish_report(publish, report, command)
     return 0

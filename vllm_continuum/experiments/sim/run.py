@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vllm_continuum.experiments.publish import publish_report
 from vllm_continuum.experiments.report import COLUMNS as REPORT_COLUMNS
 from vllm_continuum.experiments.report import (
     has_one_shot,
@@ -285,6 +286,7 @@ def run_sim(
     seeds: Sequence[int] | None = None,
     settings: dict[str, str] | None = None,
     command: str = "",
+    publish: str | None = None,
 ) -> int:
     started = time.perf_counter()
     out_dir, cost, profile_path, trace = prepare_run(
@@ -343,5 +345,7 @@ def run_sim(
     report = "\n".join(text)
     (out_dir / "report.md").write_text(report + "\n")
     print(report)
+    if publish:
+        publish_report(publish, report, command)
     print(f"results: {out_dir / 'results.json'}; plots: {', '.join(str(p) for p in plots)}")
     return 0
