@@ -56,6 +56,7 @@ class Req:
     arrival_time: float = 0.0
     priority: int = 0
     block_hashes: list = field(default_factory=list)
+    status: str = "waiting"
 
     def __post_init__(self) -> None:
         if not self.block_hashes:  # hashes chain: the prefix is the identity

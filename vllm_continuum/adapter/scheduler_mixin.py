@@ -102,8 +102,7 @@ class ContinuumSchedulerMixin:
         assert not self.waiting, "the waiting queue is replaced before any request"
         if cfg.queue_order == "program_fcfs":
             self.waiting = self.continuum.lane_queue(
-                preempted=lambda r: r.status == RequestStatus.PREEMPTED,
-                waiting=lambda r: r.status == RequestStatus.WAITING,
+                preempted=RequestStatus.PREEMPTED, waiting=RequestStatus.WAITING
             )
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins

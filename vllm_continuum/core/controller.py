@@ -56,6 +56,7 @@ class TurnRequest(Protocol):
     num_output_tokens: int
     arrival_time: float
     priority: int
+    status: object  # compared with the statuses `lane_queue` is given
 
 
 class PinEvents(Protocol):
@@ -124,24 +125,36 @@ class PinController:
         self._waiting_of = waiting_of  # queued requests that may be `session`'s
         self._on_lane_change = on_lane_change
         self._warned_hints: set[str] = set()
+        self._preempted = self._waiting = None  # the statuses `lane_queue` is told
 
     # ------------------------------------------------------------- the queue
-    def lane_queue(
-        self, preempted: Callable[[T], bool], waiting: Callable[[T], bool]
-    ) -> LaneQueue[T]:
-        """Program-level FCFS with a pinned lane and the waiting bound."""
+    def lane_queue(self, preempted: object, waiting: object) -> LaneQueue:
+        """Program-level FCFS with a pinned lane and the waiting bound.
+        `preempted`, `waiting`: the request statuses (opaque here) of a
+        preempted request and of one not yet admitted."""
+        self._preempted, self._waiting = preempted, waiting
         return LaneQueue(
-            lane_of=lambda r: PREEMPTED if preempted(r) else self.lane_of(r),
+            lane_of=self.lane_of,
             key_of=self.queue_key,
             session_of=lambda r: session_key(r.session_id),
             enqueued_at=self.enqueued_at,
-            overdue=lambda r: waiting(r) and self.overdue(r),
+            overdue=self._overdue_in_queue,
             priority_of=self.level,
         )
 
     def lane_of(self, request: TurnRequest) -> int:
+        if request.status == self._preempted:
+            return PREEMPTED
         pinned = self.pins.continued_by(session_key(request.session_id), request.block_hashes)
         return PINNED if pinned is not None else REGULAR
+
+    def _overdue_in_queue(self, request: TurnRequest) -> bool:
+        turn = self.turns.get(request.request_id)
+        return (
+            turn is not None
+            and request.status == self._waiting
+            and self.bound.overdue(turn.enqueued_at, self.level(request), self.clock())
+        )
 
     def queue_key(self, request: TurnRequest) -> tuple:
         """Program-level FCFS: by the program's first arrival, then the request's."""
