@@ -51,7 +51,7 @@ ALLOWED = {
                          "vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.tools"),
     "experiments/sim": ("vllm_continuum.experiments.sim", "vllm_continuum.experiments.",
                         "vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.adapter",
-                        "vllm_continuum.tools"),
+                        "vllm_continuum.metrics", "vllm_continuum.tools"),
 }
 FORBIDDEN = {
     "experiments/live": ("vllm_continuum.experiments.sim",),

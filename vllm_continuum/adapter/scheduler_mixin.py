@@ -51,12 +51,14 @@ class ContinuumSchedulerMixin:
         continuum_config: ContinuumConfig | None = None,
         continuum_clock: Callable[[], float] | None = None,
         continuum_ttl_policy=make_ttl_policy,
+        continuum_stats: ContinuumStats | None = None,
         **kwargs,
     ) -> None:
         """vLLM passes its own arguments; the `continuum_*` ones are for
         callers that build a scheduler themselves (the simulator): the config
         (else read from `--additional-config`, see `vllm_continuum.config`),
-        the clock, and a TTL policy factory `(config, workload) -> TTLPolicy`."""
+        the clock, a TTL policy factory `(config, workload) -> TTLPolicy`, and
+        the stats (else exported to the plugin's metrics directory, if any)."""
         check_vllm_version()
         super().__init__(*args, **kwargs)
         cfg = continuum_config or config_from_vllm(self.vllm_config)
@@ -65,7 +67,7 @@ class ContinuumSchedulerMixin:
         self._tool_calls = ToolCallDetector(tokenizer, cfg.tool_call_token, cfg.tool_call_patterns)
         self._ledger = VllmBlockLedger(self)
         pinning = bool(self.cache_config.enable_prefix_caching)
-        self._stats = ContinuumStats()
+        self._stats = continuum_stats if continuum_stats is not None else ContinuumStats()
         self.continuum = PinController(
             cfg,
             self._ledger,

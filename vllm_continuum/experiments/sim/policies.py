@@ -20,6 +20,7 @@ from vllm_continuum.core.pressure import pressure_variants
 from vllm_continuum.experiments.sim.cost_model import CostModel
 from vllm_continuum.experiments.sim.driver import SimClock, new_scheduler
 from vllm_continuum.experiments.sim.oracle import oracle_policy_factory
+from vllm_continuum.metrics.stats import ContinuumStats
 from vllm_continuum.tools.atomic_dir import replacing_dir
 
 # name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get an oracle TTL policy (oracle.py).
@@ -96,14 +97,15 @@ def build_scheduler(
     cls = ContinuumScheduler if is_continuum else Scheduler
     extra: dict[str, object] = {}
     if is_continuum:
-        extra = {"continuum_config": sim_config(settings), "continuum_clock": clock}
+        # No metrics export from a simulation: a stats object without a writer.
+        extra = {"continuum_config": sim_config(settings), "continuum_clock": clock,
+                 "continuum_stats": ContinuumStats(writer=None)}
         if policy.startswith("oracle"):
             assert oracle_durations is not None
             extra["continuum_ttl_policy"] = oracle_policy_factory(
                 oracle_durations, cost, "eq2" if policy.startswith("oracle-eq2") else "always",
                 prefill_profile_path,
             )
-    os.environ.pop("CONTINUUM_METRICS_DIR", None)  # no metrics export from a simulation
     scheduler = new_scheduler(
         cls, sim_model_dir(cost.max_model_len), num_blocks=cost.num_gpu_blocks,
         block_size=cost.block_size, max_model_len=cost.max_model_len,
