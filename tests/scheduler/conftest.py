@@ -4,7 +4,7 @@ no model server, driven by `harness.Driver`."""
 from __future__ import annotations
 
 import pytest
-from harness import Driver, FakeClock, audit, make_scheduler
+from tests.scheduler.harness import Driver, FakeClock, audit, make_scheduler
 
 
 @pytest.fixture(params=[False, True], ids=["sync", "async"])

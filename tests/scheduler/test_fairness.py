@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 from vllm.v1.request import RequestStatus
 
-from harness import (
+from tests.scheduler.harness import (
     BLOCK_SIZE,
     EOS_TOKEN_ID,
     FILLER_TOKEN,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 
 
-from harness import EOS_TOKEN_ID, FakeClock, audit, make_request, make_scheduler, tokens
+from tests.scheduler.harness import EOS_TOKEN_ID, FakeClock, audit, make_request, make_scheduler, tokens
 
 POOL = 128
 STEP_S = 0.5

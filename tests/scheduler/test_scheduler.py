@@ -12,7 +12,7 @@ from vllm.v1.request import RequestStatus
 from vllm_continuum.core.pressure import blocks_freed
 
 
-from harness import (
+from tests.scheduler.harness import (
     BLOCK_SIZE,
     EOS_TOKEN_ID,
     FILLER_TOKEN,

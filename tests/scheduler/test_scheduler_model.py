@@ -9,7 +9,7 @@ import json
 import pytest
 from vllm.v1.request import RequestStatus
 
-from harness import (
+from tests.scheduler.harness import (
     EOS_TOKEN_ID,
     admitted_hit,
     answer_script,

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from vllm.v1.request import RequestStatus
 
-import harness
-from harness import (
+from tests.scheduler import harness
+from tests.scheduler.harness import (
     EOS_TOKEN_ID, FILLER_TOKEN, FakeClock, audit, make_request, make_scheduler, pinned_blocks,
 )
 from vllm_continuum.core.pin_table import ReleaseReason
