@@ -65,9 +65,10 @@ def register(subparsers) -> None:
                    help="a name in vllm_continuum/experiments/configs/cost_models/ or a YAML path")
     p.add_argument("--policies", nargs="+",
                    default=["stock", "continuum", "oracle"],
-                   help="stock, never, continuum, fixed, forever, oracle, oracle-eq2; the "
-                        "continuum ones also as NAME-yield or NAME-hold (plain: the configured "
-                        "pressure policy)")
+                   help="stock, never, continuum, fixed, forever, oracle, oracle-eq2, and issue "
+                        "12's candidates continuum-shrunk, continuum-pressure, continuum-value, "
+                        "adaptive (all three); the continuum ones also as NAME-yield or NAME-hold "
+                        "(plain: the configured pressure policy)")
     p.add_argument("--sweep", type=float, nargs="*",
                    help="also sweep these arrival rates (no values: 0.02 0.04 ... 0.13)")
     p.add_argument("--sweep-programs", type=int, help="programs per sweep point (default: --programs)")
