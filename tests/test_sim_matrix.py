@@ -36,6 +36,8 @@ def test_the_shipped_grid_loads_and_names_known_policies():
     spec = load_matrix()
     assert set(spec.policies) <= set(POLICIES)
     assert len(spec.grid(quick=True)) == len(spec.cells)
+    assert {load for _, load, _ in spec.grid(quick=True, load="none")} == {"none"}
+    assert len(spec.grid(quick=False)) == 3 * len(spec.cells)
 
 
 def test_a_tiny_matrix_end_to_end(tmp_path):

@@ -25,7 +25,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from vllm_continuum.core.hints import NO_HINTS, Hints, parse_hints
@@ -291,11 +291,10 @@ class PinController:
         if kept_ids and anchor is not None:
             # The TTL is decided on what the pin will actually keep.
             kept_tokens = min(request.num_tokens, kept * self.block_size)
-            turn = TurnEnd(
-                session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s,
-                marginal_blocks=marginal_blocks(kept_ids, self.ledger.ref_count),
-                pool=self.pool_state() if self.config.pin_cost == "pressure" else None,
-            )
+            turn = TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s)
+            if self.config.pin_cost == "pressure":  # O(blocks): only where it is read
+                turn = replace(turn, pool=self.pool_state(),
+                               marginal_blocks=marginal_blocks(kept_ids, self.ledger.ref_count))
             decision = self.ttl_policy.decide(turn)
             ttl_s = decision.ttl_s
             modelled = self.ttl_policy.expected_benefit_s(turn)

@@ -45,9 +45,10 @@ class TurnEnd:
     tool: str
     num_context_tokens: int  # what the next turn would prefill again without a pin
     hinted_ttl_s: float | None = None
-    # Blocks the pin would add (no other pin or running request holds them).
-    marginal_blocks: int = 0
+    # With `pin_cost: pressure` only: the pool's state, and the blocks the pin
+    # would add (no other pin or running request holds them).
     pool: PoolState | None = None  # None: no pressure information (Eq. 2 charges all)
+    marginal_blocks: int = 0
 
 
 @dataclass(frozen=True)

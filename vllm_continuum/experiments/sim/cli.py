@@ -46,7 +46,7 @@ def _matrix(args: argparse.Namespace) -> int:
     spec = load_matrix(args.config)
     if args.only:
         spec = spec.model_copy(update={"cells": [c for c in spec.cells if c.workload in args.only]})
-    return run_matrix(spec, args.out, quick=args.quick, policies=args.policies,
+    return run_matrix(spec, args.out, quick=args.quick, load=args.load, policies=args.policies,
                       command=command_line())
 
 
@@ -105,6 +105,7 @@ def register(subparsers) -> None:
     p.add_argument("--config", type=Path, help="the grid (default: experiments/configs/matrix.yaml)")
     p.add_argument("--quick", action="store_true", help="one seed, the grid's quick load only")
     p.add_argument("--only", nargs="+", metavar="WORKLOAD", help="only these workloads' cells")
+    p.add_argument("--load", help="only this load of each cell (none, moderate, heavy)")
     p.add_argument("--policies", nargs="+", help="default: the grid's")
     p.add_argument("--out", type=Path, default=Path("runs/matrix"))
     p.set_defaults(run=_matrix)

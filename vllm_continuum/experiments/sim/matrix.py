@@ -53,9 +53,11 @@ class MatrixSpec(BaseModel):
     cells: list[CellSpec] = Field(min_length=1)
     quick_load: str = "moderate"
 
-    def grid(self, quick: bool) -> list[tuple[CellSpec, str, float]]:
-        return [(c, load, rate) for c in self.cells for load, rate in c.loads.items()
-                if not quick or load == self.quick_load]
+    def grid(self, quick: bool, load: str | None = None) -> list[tuple[CellSpec, str, float]]:
+        """(cell, load, rate) to run: every load, the quick one, or `load`."""
+        only = load or (self.quick_load if quick else None)
+        return [(c, name, rate) for c in self.cells for name, rate in c.loads.items()
+                if only is None or name == only]
 
 
 def geomean(xs: Sequence[float]) -> float:
@@ -120,7 +122,7 @@ def plot_heatmap(cells: dict[str, dict[str, dict]], out: Path) -> Path:
     policies = list(dict.fromkeys(p for c in cells.values() for p in c))
     grid = [[cells[c].get(p, {}).get("gain", math.nan) for c in names] for p in policies]
     fig, ax = plt.subplots(figsize=(max(6.0, 2.5 + 1.1 * len(names)), 1 + 0.38 * len(policies)))
-    image = ax.imshow(grid, cmap="RdYlGn", vmin=0.8, vmax=1.2, aspect="auto")
+    image = ax.imshow(grid, cmap="RdYlGn", norm=matplotlib.colors.LogNorm(2 / 3, 1.5), aspect="auto")
     for i, row in enumerate(grid):
         for j, v in enumerate(row):
             ax.text(j, i, _fmt(v), ha="center", va="center", fontsize=7)
@@ -131,7 +133,7 @@ def plot_heatmap(cells: dict[str, dict[str, dict]], out: Path) -> Path:
 
 
 def run_matrix(
-    spec: MatrixSpec, out_dir: Path, *, quick: bool = False,
+    spec: MatrixSpec, out_dir: Path, *, quick: bool = False, load: str | None = None,
     policies: Sequence[str] | None = None, command: str = "",
 ) -> int:
     # Imported here: importing sim.run at collection time changes which paths
@@ -145,7 +147,7 @@ def run_matrix(
     rows: list[dict] = []
     cells: dict[str, dict[str, dict]] = {}
     text = [f"# Measurement matrix ({'quick subset: ' if quick else ''}seeds {seeds})", ""]
-    for cell, load, rate in tqdm(spec.grid(quick), desc="cells", unit="cell"):
+    for cell, load, rate in tqdm(spec.grid(quick, load), desc="cells", unit="cell"):
         cost = load_cost_model(cell.cost_model)
         profile = prepare_profile(cost, out_dir)
         name = f"{cell.workload} {load} ({rate}/s, {cell.cost_model})"
