@@ -16,7 +16,7 @@ from vllm_continuum.core.durations import ToolDurations
 from vllm_continuum.core.pin_table import Pin
 from vllm_continuum.core.pin_value import PoolState, marginal_blocks, pin_pressure, release_by_value
 from vllm_continuum.core.prefill_profile import PrefillProfile
-from vllm_continuum.core.shrinkage import MixedCDF, shrunk_cdf
+from vllm_continuum.core.shrinkage import MixedCDF, shrunk_cdf, shrunk_mean
 from vllm_continuum.core.ttl import ContinuumTTLPolicy, TurnEnd, make_ttl_policy, optimal_ttl
 from vllm_continuum.core.workload import WorkloadModel
 from vllm_continuum.stats import ContinuumStats
@@ -107,6 +107,21 @@ def test_a_rare_slow_tool_earns_its_own_ttl_after_a_few_calls():
     decision = shrunk.decide(TurnEnd("s", "pytest", 10))
     assert (decision.source, decision.ttl_s) == ("shrunk CDF", 10.0)
     assert shrunk.decide(TurnEnd("s", "cat", 10)).ttl_s == 0.1
+
+
+def test_eta_is_shrunk_toward_one_by_the_programs_seen():
+    """Two programs of 2 and 4 turns: eta = -Corr(k, N-k) over their turns
+    is 0.61; with k0 = 8 it counts 2/10: 0.2 * 0.61 + 0.8 = 0.92, so
+    B = T * eta + reload = 10 * 0.92 + 1 with T = 10 s."""
+    p = continuum(k=0, c0=1.0, prior_samples=8)
+    p.workload.queueing.add(10.0)
+    p.workload.programs.add(2)
+    p.workload.programs.add(4)
+    eta = p.workload.programs.eta
+    assert eta == pytest.approx(0.61, abs=0.01)
+    assert shrunk_mean(eta, 2, 1.0, 8) == pytest.approx(0.2 * eta + 0.8)
+    # No durations: Exp(1) alone, so tau = ln(B).
+    assert p.decide(TurnEnd("s", "x", 10)).ttl_s == pytest.approx(math.log(10 * (0.2 * eta + 0.8) + 1))
 
 
 def test_shrunk_with_no_samples_is_the_papers_cold_start():

@@ -12,6 +12,9 @@ Dirichlet-process prior of strength k0, in samples):
 
 With no samples at all it is Exp(1), the paper's cold start; after k0 calls
 a tool's own durations carry half the weight, and the weight moves smoothly.
+The paper's eta is shrunk the same way, toward its cold-start value 1, by
+the number of finished programs it was measured on (`shrunk_mean`): eta from
+two or three programs is noise, and a noisy eta near 0 drops T from B.
 
 `MixedCDF.best_ttl(B)` solves Eq. 2 exactly on such a mixture: the value
 F(tau) B - tau is concave between samples and jumps up at each, so its
@@ -80,6 +83,11 @@ class MixedCDF:
             if value > best_value:
                 best_tau, best_value = tau, value
         return best_tau
+
+
+def shrunk_mean(value: float, num_samples: int, prior: float, prior_samples: float) -> float:
+    """`value`, measured on `num_samples`, shrunk toward `prior` by `prior_samples`."""
+    return (num_samples * value + prior_samples * prior) / (num_samples + prior_samples)
 
 
 def shrunk_cdf(durations: ToolDurations, tool: str, prior_samples: float) -> MixedCDF:

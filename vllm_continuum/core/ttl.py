@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.pin_value import PoolState, pin_pressure
 from vllm_continuum.core.prefill_profile import PrefillProfile
-from vllm_continuum.core.shrinkage import shrunk_cdf
+from vllm_continuum.core.shrinkage import shrunk_cdf, shrunk_mean
 from vllm_continuum.core.workload import WorkloadModel
 
 
@@ -196,7 +196,9 @@ class ContinuumTTLPolicy(TTLPolicy):
         durations = self.workload.durations
         if self.prior_samples is not None:
             cdf = shrunk_cdf(durations, turn.tool, self.prior_samples)
-            benefit = self._per_cost(self.benefit_s(turn, self.workload.eta), turn)
+            programs = self.workload.programs
+            eta = shrunk_mean(programs.eta, len(programs), 1.0, self.prior_samples)
+            benefit = self._per_cost(self.benefit_s(turn, eta), turn)
             return TTLDecision(cdf.best_ttl(benefit), "shrunk CDF")
         if durations.num_samples <= self.k:
             return TTLDecision(
