@@ -33,6 +33,7 @@ from tqdm import tqdm
 from vllm_continuum.experiments.configs import CONFIG_DIR
 from vllm_continuum.experiments.report import save_figure, summarize
 from vllm_continuum.experiments.sim.cost_model import load_cost_model
+from vllm_continuum.experiments.sim.run import prepare_profile, simulate
 from vllm_continuum.experiments.workload_spec import load_trace
 
 MATRIX_FILE = CONFIG_DIR / "matrix.yaml"
@@ -136,10 +137,6 @@ def run_matrix(
     spec: MatrixSpec, out_dir: Path, *, quick: bool = False, load: str | None = None,
     policies: Sequence[str] | None = None, command: str = "",
 ) -> int:
-    # Imported here: importing sim.run at collection time changes which paths
-    # tests/test_scheduler_properties.py's seeded runs reach (reported, not fixed).
-    from vllm_continuum.experiments.sim.run import prepare_profile, simulate
-
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     policies = list(policies or spec.policies)

@@ -19,7 +19,7 @@ from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.shrinkage import MixedCDF, shrunk_cdf, shrunk_mean
 from vllm_continuum.core.ttl import ContinuumTTLPolicy, TurnEnd, make_ttl_policy, optimal_ttl
 from vllm_continuum.core.workload import WorkloadModel
-from vllm_continuum.stats import ContinuumStats
+from vllm_continuum.metrics.stats import ContinuumStats
 
 
 # ------------------------------------------------------------- the mixture
