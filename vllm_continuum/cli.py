@@ -6,7 +6,7 @@
     vllm-continuum cluster --instances N MODEL [...]   N continuum servers behind vllm-router
     vllm-continuum profile --url URL   measure prefill time vs context length (TTL model input)
     vllm-continuum tiny-model DIR      build the small random-weight test model
-    vllm-continuum bench | compare | sim | overhead | workload | convert   the benchmarks
+    vllm-continuum bench | compare | sim | matrix | overhead | workload | convert   the benchmarks
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     before = set(sub.choices)
     live_cli.register(sub)  # bench, compare
     experiments_cli.register(sub)  # workload, convert
-    sim_cli.register(sub)  # sim, overhead, fit-cost-model
+    sim_cli.register(sub)  # sim, matrix, overhead, fit-cost-model
     for name in set(sub.choices) - before:
         sub.choices[name].set_defaults(needs="bench")
 

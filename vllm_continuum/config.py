@@ -104,6 +104,34 @@ class ContinuumConfig(BaseSettings):
     cold_start_samples: int = Field(
         100, ge=0, description="continuum: K, samples needed before a CDF is trusted."
     )
+    duration_estimator: Literal["cliff", "shrunk"] = Field(
+        "cliff",
+        description="continuum: a tool's duration CDF. cliff (the paper's): the all-tools "
+        "CDF until the tool has `cold_start_samples` samples, then its own. shrunk: its "
+        "own CDF shrunk toward the all-tools one (and that toward Exp(1)) by "
+        "`prior_samples` pseudo-samples, so a rare slow tool earns its own TTL after a "
+        "few calls.",
+    )
+    prior_samples: float = Field(
+        8.0,
+        gt=0,
+        description="continuum, shrunk: weight of the prior in samples; after this many "
+        "calls a tool's own durations carry half the weight.",
+    )
+    pin_cost: Literal["always", "pressure"] = Field(
+        "always",
+        description="continuum: what a pin's memory costs per second. always (Eq. 2): "
+        "all of it, as if it always kept someone out. pressure: only the share of the "
+        "pin's own blocks that the waiting requests need beyond the free pool (zero on "
+        "a quiet server: pin until the slowest call returns, within max_ttl_s).",
+    )
+    release_order: Literal["arrival", "value"] = Field(
+        "arrival",
+        description="Which pins pressure releases first. arrival (the paper's): the "
+        "latest-arriving program's. value: the least expected benefit per freed block, "
+        "P(the tool returns within the remaining TTL | not yet) x the reload and "
+        "queueing its return saves / blocks only it holds.",
+    )
     duration_history: int = Field(
         1000, ge=1, description="continuum: newest tool durations kept per tool."
     )

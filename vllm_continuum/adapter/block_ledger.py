@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from vllm.logger import init_logger
 from vllm.v1.request import RequestStatus
 
+from vllm_continuum.core.pin_value import PoolState
+
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -84,6 +86,28 @@ class VllmBlockLedger:
         if kv_cache_blocks is None:
             return frozenset()
         return frozenset(b.block_id for group in kv_cache_blocks.blocks for b in group)
+
+    def pool_state(self) -> PoolState:
+        """What `pin_cost: pressure` weighs a pin against: the blocks an
+        allocation could take now (vLLM's free queue holds the evictable cached
+        blocks too), and what the queued requests still need: per request, its
+        blocks less its prefix hit (the leading block hashes the prefix cache
+        holds, found by bisection, as hits are a prefix). O(waiting x log blocks)."""
+        s = self._scheduler
+        groups = list(range(len(s.kv_cache_config.kv_cache_groups)))
+        per_block = max(1, s.block_size // (getattr(s, "hash_block_size", None) or s.block_size))
+        demand = 0
+        for request in s.waiting:
+            hashes = request.block_hashes
+            lo, hi = 0, len(hashes) // per_block
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._pool.get_cached_block(hashes[mid * per_block - 1], groups) is not None:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            demand += max(0, -(-request.num_tokens // s.block_size) - lo)
+        return PoolState(free_blocks=self._pool.get_num_free_blocks(), demand_blocks=demand)
 
     def shortfall(self, request, args: tuple, kwargs: dict) -> int | None:
         """How many more free blocks the failed `allocate_slots(request, *args,

@@ -81,6 +81,7 @@ class ContinuumSchedulerMixin:
             ttl_policy=continuum_ttl_policy,
             waiting_of=self._waiting_of,
             on_lane_change=self._lane_changed,
+            pool_state=self._ledger.pool_state,
         )
         self._affinity = AffinityMonitor(
             vocab_token_id(tokenizer, cfg.tool_result_token),

@@ -11,7 +11,8 @@ requests as vLLM gives them (only the attributes of `TurnRequest` are read).
 - A pin is released by `_release`, for one of `ReleaseReason`: its next turn
   was admitted (`after_step`), its TTL passed (`release_expired`, with one
   step of grace for a queued next turn), an allocation needed its blocks
-  (`retry_with_pins_released`, as `pressure.py` allows), the cap made room,
+  (`retry_with_pins_released`, as `pressure.py` allows, in the order
+  `release_order` names: `pin_value.py` for `value`), the cap made room,
   the session ended or aborted (`on_finished`), or a newer pin of the same
   context holds all its blocks.
 - The waiting queue (`waiting_queue.py`) asks it for lanes and keys, and the
@@ -24,14 +25,16 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from vllm_continuum.core.hints import NO_HINTS, Hints, parse_hints
 from vllm_continuum.core.ledger import BlockLedger
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
+from vllm_continuum.core.pin_value import PoolState, marginal_blocks, release_by_value
 from vllm_continuum.core.pressure import may_release_pins, pins_to_release
 from vllm_continuum.core.sessions import SessionRegistry, session_key
+from vllm_continuum.core.shrinkage import shrunk_cdf
 from vllm_continuum.core.ttl import TTLPolicy, TurnEnd, make_ttl_policy
 from vllm_continuum.core.waiting_bound import WaitingBound
 from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
@@ -100,6 +103,7 @@ class PinController:
         ttl_policy: Callable[[ContinuumConfig, WorkloadModel], TTLPolicy] = make_ttl_policy,
         waiting_of: Callable[[str], Iterable[TurnRequest]] = lambda session: (),
         on_lane_change: Callable[[str], None] = lambda session: None,
+        pool_state: Callable[[], PoolState | None] = lambda: None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -124,6 +128,9 @@ class PinController:
         self.step = 0  # scheduling steps so far: an expired pin's grace is one of them
         self._waiting_of = waiting_of  # queued requests that may be `session`'s
         self._on_lane_change = on_lane_change
+        # The pool's free blocks and waiting demand, for `pin_cost: pressure`
+        # (None: unknown, Eq. 2's cost). Read only when a pin is decided.
+        self.pool_state = pool_state
         self._warned_hints: set[str] = set()
         self._preempted = self._waiting = None  # the statuses `lane_queue` is told
 
@@ -280,14 +287,18 @@ class PinController:
         kept_ids = self.ledger.ids(blocks[:kept])
         kept_hashes = hashes[: kept * self.hashes_per_block]
         anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
-        ttl_s = 0.0
+        ttl_s = benefit_s = 0.0
         if kept_ids and anchor is not None:
             # The TTL is decided on what the pin will actually keep.
             kept_tokens = min(request.num_tokens, kept * self.block_size)
-            decision = self.ttl_policy.decide(
-                TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s)
-            )
+            turn = TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s)
+            if self.config.pin_cost == "pressure":  # O(blocks): only where it is read
+                turn = replace(turn, pool=self.pool_state(),
+                               marginal_blocks=marginal_blocks(kept_ids, self.ledger.ref_count))
+            decision = self.ttl_policy.decide(turn)
             ttl_s = decision.ttl_s
+            modelled = self.ttl_policy.expected_benefit_s(turn)
+            benefit_s = float(len(kept_ids)) if modelled is None else modelled
             self.stats.on_ttl_decision(tool, ttl_s, decision.source)
             logger.debug(
                 "continuum: session=%s tool=%s ttl=%.3fs source=%s",
@@ -317,6 +328,7 @@ class PinController:
             anchor=anchor,
             hashes=kept_hashes,
             fence=fence,
+            benefit_s=benefit_s,
         )
         self.pins.add(pin)
         self.stats.on_pin(pin)
@@ -414,6 +426,10 @@ class PinController:
         if the pressure policy allows. If no set of pins covers it, or the
         retry fails anyway, nothing is released."""
         candidates = [p for p in self.pins.release_order() if self.ledger.can_give_back_now(p.fence)]
+        if self.config.release_order == "value":
+            candidates = release_by_value(
+                candidates, self.clock(), self._p_return, self.ledger.ref_count, keep
+            )
         victims = pins_to_release(candidates, shortfall, self.ledger.ref_count, keep=keep)
         if not victims:
             return None
@@ -443,6 +459,11 @@ class PinController:
             self.stats.on_release(pin, ReleaseReason.PRESSURE, now)
             self._on_lane_change(pin.session_id)
         return allocated
+
+    def _p_return(self, pin: Pin, age_s: float, remaining_s: float) -> float:
+        """P(the pin's tool returns within `remaining_s` | out for `age_s`)."""
+        cdf = shrunk_cdf(self.workload.durations, pin.tool, self.config.prior_samples)
+        return cdf.survival_return(age_s, remaining_s)
 
     # ------------------------------------------------------------ utilities
     def held(self, session: str) -> bool:

@@ -80,6 +80,9 @@ class Pin:
     seq: int = field(default=0, compare=False)
     # Scheduling step in which the expired pin was kept for a turn being admitted.
     grace_step: int | None = None
+    # What its turn's return saves (seconds, or its block count where the TTL
+    # policy does not model it): releasing by value weighs pins by it.
+    benefit_s: float = 0.0
 
     @property
     def num_blocks(self) -> int:

@@ -14,6 +14,12 @@ PrefillReload(r)). MemUsage/M cancels, leaving
 
     tau* = argmax over tau in {0} U {recorded durations of f} of
            P(tau, f) * B - tau,    B = T * eta + PrefillReload(r).
+
+Two settings change its inputs (each off by default, so `continuum` stays
+the paper's): `duration_estimator: shrunk` replaces the switch to a tool's
+own CDF at K samples by a CDF shrunk toward the all-tools one
+(`shrinkage.py`), and `pin_cost: pressure` charges tau only for the memory
+the waiting demand needs (`pin_value.py`): Eq. 2 with B / pressure.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from vllm_continuum.config import ContinuumConfig
+from vllm_continuum.core.pin_value import PoolState, pin_pressure
 from vllm_continuum.core.prefill_profile import PrefillProfile
+from vllm_continuum.core.shrinkage import shrunk_cdf, shrunk_mean
 from vllm_continuum.core.workload import WorkloadModel
 
 
@@ -37,6 +45,10 @@ class TurnEnd:
     tool: str
     num_context_tokens: int  # what the next turn would prefill again without a pin
     hinted_ttl_s: float | None = None
+    # With `pin_cost: pressure` only: the pool's state, and the blocks the pin
+    # would add (no other pin or running request holds them).
+    pool: PoolState | None = None  # None: no pressure information (Eq. 2 charges all)
+    marginal_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,10 @@ class TTLPolicy(ABC):
     def choose(self, turn: TurnEnd) -> TTLDecision:
         """The policy's own TTL, before hints and the cap."""
 
+    def expected_benefit_s(self, turn: TurnEnd) -> float | None:
+        """What the turn's return to its pin saves, in seconds; None if the
+        policy does not model it (then pins are valued per block alike)."""
+        return None
 
 
 class FixedTTLPolicy(TTLPolicy):
@@ -146,11 +162,16 @@ class ContinuumTTLPolicy(TTLPolicy):
         profile: PrefillProfile,
         cold_start_samples: int,
         max_ttl_s: float,
+        *,
+        prior_samples: float | None = None,
+        pressure_aware: bool = False,
     ) -> None:
         super().__init__(max_ttl_s)
         self.workload = workload
         self.profile = profile
         self.k = cold_start_samples
+        self.prior_samples = prior_samples  # None: the paper's switch at K samples
+        self.pressure_aware = pressure_aware
 
     def profile_note(self, max_model_len: int) -> str | None:
         return self.profile.clamp_note(max_model_len)
@@ -159,11 +180,31 @@ class ContinuumTTLPolicy(TTLPolicy):
         reload = self.profile.seconds(turn.num_context_tokens)
         return max(0.0, self.workload.mean_queueing_delay_s * eta + reload)
 
+    def expected_benefit_s(self, turn: TurnEnd) -> float:
+        return self.benefit_s(turn, self.workload.eta)
+
+    def _per_cost(self, benefit_s: float, turn: TurnEnd) -> float:
+        """The benefit in units of the pin's cost per second: B / pressure."""
+        if not self.pressure_aware:
+            return benefit_s
+        pressure = pin_pressure(turn.pool, turn.marginal_blocks)
+        if pressure > 0:
+            return benefit_s / pressure
+        return math.inf if benefit_s > 0 else 0.0
+
     def choose(self, turn: TurnEnd) -> TTLDecision:
         durations = self.workload.durations
+        if self.prior_samples is not None:
+            cdf = shrunk_cdf(durations, turn.tool, self.prior_samples)
+            programs = self.workload.programs
+            eta = shrunk_mean(programs.eta, len(programs), 1.0, self.prior_samples)
+            benefit = self._per_cost(self.benefit_s(turn, eta), turn)
+            return TTLDecision(cdf.best_ttl(benefit), "shrunk CDF")
         if durations.num_samples <= self.k:
-            return TTLDecision(exp1_ttl(self.benefit_s(turn, eta=1.0)), "cold start")
-        benefit = self.benefit_s(turn, self.workload.eta)
+            return TTLDecision(
+                exp1_ttl(self._per_cost(self.benefit_s(turn, eta=1.0), turn)), "cold start"
+            )
+        benefit = self._per_cost(self.benefit_s(turn, self.workload.eta), turn)
         history = durations.of(turn.tool)
         if history is None or len(history) <= self.k:
             return TTLDecision(optimal_ttl(durations.all_tools.sorted, benefit), "global CDF")
@@ -180,4 +221,8 @@ def make_ttl_policy(config: ContinuumConfig, workload: WorkloadModel) -> TTLPoli
     profile = (
         PrefillProfile.load(config.prefill_profile) if config.prefill_profile else PrefillProfile()
     )
-    return ContinuumTTLPolicy(workload, profile, config.cold_start_samples, config.max_ttl_s)
+    return ContinuumTTLPolicy(
+        workload, profile, config.cold_start_samples, config.max_ttl_s,
+        prior_samples=config.prior_samples if config.duration_estimator == "shrunk" else None,
+        pressure_aware=config.pin_cost == "pressure",
+    )

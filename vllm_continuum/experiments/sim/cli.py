@@ -1,6 +1,7 @@
 """The simulator's commands:
 
     sim             paper-scale simulation driving the real schedulers, one engine or N behind a router
+    matrix          every policy x workload x load x seed (issue 12): Markdown and a heat map
     overhead        schedule() + update_from_output() time per step, ours vs stock
     fit-cost-model  write a simulator cost model from a `profile` YAML
 
@@ -39,6 +40,16 @@ def _sim(args: argparse.Namespace) -> int:
     )
 
 
+def _matrix(args: argparse.Namespace) -> int:
+    from vllm_continuum.experiments.sim.matrix import load_matrix, run_matrix
+
+    spec = load_matrix(args.config)
+    if args.only:
+        spec = spec.model_copy(update={"cells": [c for c in spec.cells if c.workload in args.only]})
+    return run_matrix(spec, args.out, quick=args.quick, load=args.load, policies=args.policies,
+                      command=command_line())
+
+
 def _overhead(args: argparse.Namespace) -> int:
     from vllm_continuum.experiments.sim.overhead import run_overhead
 
@@ -65,9 +76,10 @@ def register(subparsers) -> None:
                    help="a name in vllm_continuum/experiments/configs/cost_models/ or a YAML path")
     p.add_argument("--policies", nargs="+",
                    default=["stock", "continuum", "oracle"],
-                   help="stock, never, continuum, fixed, forever, oracle, oracle-eq2; the "
-                        "continuum ones also as NAME-yield or NAME-hold (plain: the configured "
-                        "pressure policy)")
+                   help="stock, never, continuum, fixed, forever, oracle, oracle-eq2, and issue "
+                        "12's candidates continuum-shrunk, continuum-pressure, continuum-value, "
+                        "adaptive (all three); the continuum ones also as NAME-yield or NAME-hold "
+                        "(plain: the configured pressure policy)")
     p.add_argument("--sweep", type=float, nargs="*",
                    help="also sweep these arrival rates (no values: 0.02 0.04 ... 0.13)")
     p.add_argument("--sweep-programs", type=int, help="programs per sweep point (default: --programs)")
@@ -87,6 +99,16 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/sim"))
     publish_arg(p)
     p.set_defaults(run=_sim)
+
+    p = subparsers.add_parser("matrix", help="every policy on every workload, load and seed "
+                              "(issue 12's measurement matrix): Markdown table and heat map")
+    p.add_argument("--config", type=Path, help="the grid (default: experiments/configs/matrix.yaml)")
+    p.add_argument("--quick", action="store_true", help="one seed, the grid's quick load only")
+    p.add_argument("--only", nargs="+", metavar="WORKLOAD", help="only these workloads' cells")
+    p.add_argument("--load", help="only this load of each cell (none, moderate, heavy)")
+    p.add_argument("--policies", nargs="+", help="default: the grid's")
+    p.add_argument("--out", type=Path, default=Path("runs/matrix"))
+    p.set_defaults(run=_matrix)
 
     p = subparsers.add_parser("overhead", help="scheduler time per step, continuum vs stock")
     workload_args(p, "swebench")

@@ -23,6 +23,15 @@ from vllm_continuum.experiments.sim.oracle import oracle_policy_factory
 from vllm_continuum.metrics.stats import ContinuumStats
 from vllm_continuum.tools.atomic_dir import replacing_dir
 
+# The candidates of issue 12: Eq. 2 with one setting changed each, and all three.
+CANDIDATES: dict[str, dict[str, str]] = {
+    "continuum-shrunk": {"TTL_POLICY": "continuum", "DURATION_ESTIMATOR": "shrunk"},
+    "continuum-pressure": {"TTL_POLICY": "continuum", "PIN_COST": "pressure"},
+    "continuum-value": {"TTL_POLICY": "continuum", "RELEASE_ORDER": "value"},
+    "adaptive": {"TTL_POLICY": "continuum", "DURATION_ESTIMATOR": "shrunk",
+                 "PIN_COST": "pressure", "RELEASE_ORDER": "value"},
+}
+
 # name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get an oracle TTL policy (oracle.py).
 # A plain name runs under the configured pressure policy; -yield / -hold pick one.
 POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
@@ -30,9 +39,10 @@ POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
     "never": (True, {"TTL_POLICY": "never"}),
 } | {
     label: (True, settings)
-    for name, ttl in (("continuum", "continuum"), ("fixed", "fixed"), ("forever", "forever"),
-                      ("oracle", "never"), ("oracle-eq2", "never"))
-    for label, settings in pressure_variants(name, {"TTL_POLICY": ttl}, "PRESSURE_POLICY").items()
+    for name, base in (("continuum", {"TTL_POLICY": "continuum"}), ("fixed", {"TTL_POLICY": "fixed"}),
+                       ("forever", {"TTL_POLICY": "forever"}), ("oracle", {"TTL_POLICY": "never"}),
+                       ("oracle-eq2", {"TTL_POLICY": "never"}), *CANDIDATES.items())
+    for label, settings in pressure_variants(name, base, "PRESSURE_POLICY").items()
 }
 
 

@@ -1,0 +1,174 @@
+"""The measurement matrix of issue 12: every policy on every workload at three
+loads over several seeds, one command, a Markdown report and a heat map.
+
+A cell is a workload on a cost model at one load (an arrival rate chosen to
+put the pool under no, moderate or heavy pressure; the report prints the
+pool's mean occupancy under stock so the choice can be checked). In each
+cell, for each policy, over the seeds:
+
+- gain: geometric mean of stock's mean JCT over the policy's, and the worst
+  seed's ratio (the target: >= 0.98x in every cell);
+- vs best: the policy's geometric-mean JCT over the best policy's in that
+  cell, in hindsight (the target: within 5%);
+- vs oracle: the same over `oracle`'s;
+- one-shot p99 TTFT over stock's (geometric mean; cells with chat traffic);
+- preemptions over all seeds, against stock's.
+
+The grid is `experiments/configs/matrix.yaml`; `--quick` runs its quick
+subset (one seed, one load per cell) for iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from vllm_continuum.experiments.configs import CONFIG_DIR
+from vllm_continuum.experiments.report import save_figure, summarize
+from vllm_continuum.experiments.sim.cost_model import load_cost_model
+from vllm_continuum.experiments.sim.run import prepare_profile, simulate
+from vllm_continuum.experiments.workload_spec import load_trace
+
+MATRIX_FILE = CONFIG_DIR / "matrix.yaml"
+
+
+class CellSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    workload: str
+    cost_model: str
+    programs: int = Field(ge=1)
+    loads: dict[str, float]  # load name -> arrival rate, programs/s
+
+
+class MatrixSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seeds: list[int] = Field(min_length=1)
+    policies: list[str] = Field(min_length=1)
+    cells: list[CellSpec] = Field(min_length=1)
+    quick_load: str = "moderate"
+
+    def grid(self, quick: bool, load: str | None = None) -> list[tuple[CellSpec, str, float]]:
+        """(cell, load, rate) to run: every load, the quick one, or `load`."""
+        only = load or (self.quick_load if quick else None)
+        return [(c, name, rate) for c in self.cells for name, rate in c.loads.items()
+                if only is None or name == only]
+
+
+def geomean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def cell_summary(rows: list[dict]) -> dict[str, dict]:
+    """Per policy, the cell's figures from its per-seed rows (see the module's
+    docstring). Each row: label, seed, jct_mean_s, one_shot_ttft_p99_s, preemptions."""
+    by = {(r["label"], r["seed"]): r for r in rows}
+    policies = list(dict.fromkeys(r["label"] for r in rows))
+    seeds = sorted({r["seed"] for r in rows})
+    jct = {p: geomean([by[(p, s)]["jct_mean_s"] for s in seeds]) for p in policies}
+    best = min(jct.values())
+    out: dict[str, dict] = {}
+    for p in policies:
+        ratios = [by[("stock", s)]["jct_mean_s"] / by[(p, s)]["jct_mean_s"] for s in seeds] \
+            if "stock" in policies else []
+        one_shot = [by[(p, s)]["one_shot_ttft_p99_s"] / by[("stock", s)]["one_shot_ttft_p99_s"]
+                    for s in seeds if "stock" in policies
+                    and by[("stock", s)].get("one_shot_ttft_p99_s", 0) > 0]
+        out[p] = {
+            "jct_mean_s": jct[p],
+            "gain": geomean(ratios),
+            "worst": min(ratios, default=float("nan")),
+            "vs_best": jct[p] / best,
+            "vs_oracle": jct[p] / jct["oracle"] if "oracle" in jct else float("nan"),
+            "one_shot_p99_vs_stock": geomean(one_shot),
+            "preemptions": sum(by[(p, s)]["preemptions"] for s in seeds),
+        }
+    return out
+
+
+def _fmt(x: float, spec: str = "{:.2f}x") -> str:
+    return spec.format(x) if math.isfinite(x) else "-"
+
+
+def cell_table(name: str, summary: dict[str, dict], occupancy: float) -> list[str]:
+    stock = summary.get("stock", {}).get("preemptions")
+    lines = [f"### {name} (stock's KV pool used {occupancy:.0%} on average)", "",
+             "| policy | stock / JCT (geo. mean) | worst seed | JCT / best | JCT / oracle "
+             "| one-shot p99 TTFT / stock | preemptions (stock) |",
+             "|---|---|---|---|---|---|---|"]
+    for p, s in summary.items():
+        lines.append(
+            f"| {p} | {_fmt(s['gain'], '{:.3f}x')} | {_fmt(s['worst'])} | "
+            f"{_fmt(s['vs_best'], '{:.3f}x')} | {_fmt(s['vs_oracle'], '{:.3f}x')} | "
+            f"{_fmt(s['one_shot_p99_vs_stock'])} | {s['preemptions']} ({stock}) |"
+        )
+    return lines
+
+
+def plot_heatmap(cells: dict[str, dict[str, dict]], out: Path) -> Path:
+    """Policy x cell, colour and number: stock's mean JCT over the policy's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(cells)
+    policies = list(dict.fromkeys(p for c in cells.values() for p in c))
+    grid = [[cells[c].get(p, {}).get("gain", math.nan) for c in names] for p in policies]
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.5 + 1.1 * len(names)), 1 + 0.38 * len(policies)))
+    image = ax.imshow(grid, cmap="RdYlGn", norm=matplotlib.colors.LogNorm(2 / 3, 1.5), aspect="auto")
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            ax.text(j, i, _fmt(v), ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=7)
+    ax.set_yticks(range(len(policies)), policies, fontsize=7)
+    fig.colorbar(image, ax=ax, label="stock mean JCT / policy's (geometric mean over seeds)")
+    return save_figure(fig, out)
+
+
+def run_matrix(
+    spec: MatrixSpec, out_dir: Path, *, quick: bool = False, load: str | None = None,
+    policies: Sequence[str] | None = None, command: str = "",
+) -> int:
+    started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    policies = list(policies or spec.policies)
+    seeds = spec.seeds[:1] if quick else spec.seeds
+    rows: list[dict] = []
+    cells: dict[str, dict[str, dict]] = {}
+    text = [f"# Measurement matrix ({'quick subset: ' if quick else ''}seeds {seeds})", ""]
+    for cell, load, rate in tqdm(spec.grid(quick, load), desc="cells", unit="cell"):
+        cost = load_cost_model(cell.cost_model)
+        profile = prepare_profile(cost, out_dir)
+        name = f"{cell.workload} {load} ({rate}/s, {cell.cost_model})"
+        cell_rows = []
+        for seed in seeds:
+            trace = load_trace(cell.workload, num_programs=cell.programs, arrival_rate=rate, seed=seed)
+            for policy in policies:
+                run, _ = simulate(trace, cost, policy, profile, progress=False)
+                cell_rows.append({**summarize(run), "seed": seed, "cell": name,
+                                  "preemptions": run.meta["preemptions"],
+                                  "pool_usage_mean": run.meta["pool_usage_mean"]})
+        rows += cell_rows
+        cells[name] = cell_summary(cell_rows)
+        stock = [r["pool_usage_mean"] for r in cell_rows if r["label"] == "stock"]
+        text += cell_table(name, cells[name], sum(stock) / len(stock) if stock else math.nan) + [""]
+    heatmap = plot_heatmap(cells, out_dir / "matrix_heatmap.png")
+    text += [f"heat map: {heatmap}", f"total wall time: {time.perf_counter() - started:.0f} s",
+             f"reproduce: {command or 'vllm-continuum matrix'}"]
+    report = "\n".join(text)
+    (out_dir / "matrix.md").write_text(report + "\n")
+    (out_dir / "matrix.json").write_text(json.dumps({"rows": rows, "cells": cells}, indent=1))
+    print(report)
+    return 0
+
+
+def load_matrix(path: Path | str | None = None) -> MatrixSpec:
+    return MatrixSpec.model_validate(yaml.safe_load(Path(path or MATRIX_FILE).read_text()))
