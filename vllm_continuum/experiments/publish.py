@@ -62,3 +62,14 @@ def publish_report(name: str, report: str, command: str, results_dir: Path = RES
     path.write_text("\n".join(header) + report.rstrip("\n") + "\n")
     print(f"published: {path}")
     return path
+
+
+def emit_report(lines: list[str], out_dir: Path, publish: str | None, command: str) -> str:
+    """A command's report: written to out_dir/report.md, printed, and published
+    to docs/results/ when asked (`--publish`)."""
+    report = "\n".join(lines)
+    (Path(out_dir) / "report.md").write_text(report + "\n")
+    print(report)
+    if publish:
+        publish_report(publish, report, command)
+    return report

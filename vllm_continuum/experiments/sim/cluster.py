@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_continuum.experiments.publish import publish_report
+from vllm_continuum.experiments.publish import emit_report
 from vllm_continuum.experiments.report import plot_runs, ratio, save_figure, summarize, write_runs
 from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.sim.routing import ROUTINGS
@@ -168,10 +168,6 @@ def run_cluster(
     write_runs(runs, out_dir, extra={"setup": setup, "cluster": rows})
     plots = [plot_cluster(rows, out_dir / "plots", title)]
     plots += plot_runs(runs, out_dir / "plots", title=f"({workload}, {instances} instances)")
-    report = "\n".join(text)
-    (out_dir / "report.md").write_text(report + "\n")
-    print(report)
-    if publish:
-        publish_report(publish, report, command)
+    emit_report(text, out_dir, publish, command)
     print(f"results: {out_dir / 'results.json'}; plots: {', '.join(str(p) for p in plots)}")
     return 0

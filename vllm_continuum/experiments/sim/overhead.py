@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_continuum.experiments.publish import publish_report
+from vllm_continuum.experiments.publish import emit_report
 from vllm_continuum.experiments.sim.cost_model import load_cost_model
 from vllm_continuum.experiments.sim.run import prepare_profile, simulate
 from vllm_continuum.experiments.workload_spec import load_trace
@@ -83,11 +83,7 @@ def run_overhead(
             f"{p} " + ", ".join(f"{v:.1f}" for v in per[p]["cpu_mean"]) for p in policies),
         f"reproduce: {command or 'vllm-continuum overhead'}",
     ]
-    report = "\n".join(lines)
-    (out_dir / "report.md").write_text(report + "\n")
     (out_dir / "results.json").write_text(json.dumps(
         {"per_run": per, "median": med, "ratios": ratios, "command": command}, indent=1))
-    print(report)
-    if publish:
-        publish_report(publish, report, command)
+    emit_report(lines, out_dir, publish, command)
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_continuum.experiments.publish import publish_report
+from vllm_continuum.experiments.publish import emit_report
 from vllm_continuum.experiments.report import COLUMNS as REPORT_COLUMNS
 from vllm_continuum.experiments.report import (
     has_one_shot,
@@ -342,10 +342,6 @@ def run_sim(
     setup["wall_s"] = {"per_policy": walls, "total": elapsed}
     write_runs(runs, out_dir, extra={"setup": setup, "sweep": sweep_rows})
     plots = plot_runs(runs, out_dir / "plots", title=f"({workload}, sim)")
-    report = "\n".join(text)
-    (out_dir / "report.md").write_text(report + "\n")
-    print(report)
-    if publish:
-        publish_report(publish, report, command)
+    emit_report(text, out_dir, publish, command)
     print(f"results: {out_dir / 'results.json'}; plots: {', '.join(str(p) for p in plots)}")
     return 0
