@@ -34,7 +34,7 @@ from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
 from vllm_continuum.core.pin_value import PoolState, marginal_blocks, release_by_value
 from vllm_continuum.core.pressure import may_release_pins, pins_to_release
 from vllm_continuum.core.sessions import SessionRegistry, session_key
-from vllm_continuum.core.shrinkage import shrunk_cdf
+from vllm_continuum.core.shrinkage import MixedCDF, shrunk_cdf
 from vllm_continuum.core.ttl import TTLPolicy, TurnEnd, make_ttl_policy
 from vllm_continuum.core.waiting_bound import WaitingBound
 from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
@@ -297,8 +297,9 @@ class PinController:
                                marginal_blocks=marginal_blocks(kept_ids, self.ledger.ref_count))
             decision = self.ttl_policy.decide(turn)
             ttl_s = decision.ttl_s
-            modelled = self.ttl_policy.expected_benefit_s(turn)
-            benefit_s = float(len(kept_ids)) if modelled is None else modelled
+            if self.config.release_order == "value":  # only that order reads it
+                modelled = self.ttl_policy.expected_benefit_s(turn)
+                benefit_s = float(len(kept_ids)) if modelled is None else modelled
             self.stats.on_ttl_decision(tool, ttl_s, decision.source)
             logger.debug(
                 "continuum: session=%s tool=%s ttl=%.3fs source=%s",
@@ -428,7 +429,7 @@ class PinController:
         candidates = [p for p in self.pins.release_order() if self.ledger.can_give_back_now(p.fence)]
         if self.config.release_order == "value":
             candidates = release_by_value(
-                candidates, self.clock(), self._p_return, self.ledger.ref_count, keep
+                candidates, self.clock(), self._p_return_by_tool(), self.ledger.ref_count, keep
             )
         victims = pins_to_release(candidates, shortfall, self.ledger.ref_count, keep=keep)
         if not victims:
@@ -460,10 +461,20 @@ class PinController:
             self._on_lane_change(pin.session_id)
         return allocated
 
-    def _p_return(self, pin: Pin, age_s: float, remaining_s: float) -> float:
-        """P(the pin's tool returns within `remaining_s` | out for `age_s`)."""
-        cdf = shrunk_cdf(self.workload.durations, pin.tool, self.config.prior_samples)
-        return cdf.survival_return(age_s, remaining_s)
+    def _p_return_by_tool(self) -> Callable[[Pin, float, float], float]:
+        """P(a pin's tool returns within `remaining_s` | out for `age_s`), each
+        tool's shrunk CDF built once per call (pins of one tool share it)."""
+        cdfs: dict[str, MixedCDF] = {}
+
+        def p_return(pin: Pin, age_s: float, remaining_s: float) -> float:
+            cdf = cdfs.get(pin.tool)
+            if cdf is None:
+                cdf = cdfs[pin.tool] = shrunk_cdf(
+                    self.workload.durations, pin.tool, self.config.prior_samples
+                )
+            return cdf.survival_return(age_s, remaining_s)
+
+        return p_return
 
     # ------------------------------------------------------------ utilities
     def held(self, session: str) -> bool:
