@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vllm_continuum.core.ttl import TurnEnd
 from vllm_continuum.experiments.report import summarize
 from vllm_continuum.experiments.sim.cost_model import CostModel, Linear, fit_linear, load_cost_model
 from vllm_continuum.experiments.sim.loop import Simulation
-from vllm_continuum.experiments.sim.oracle import OracleTTLPolicy
+from vllm_continuum.experiments.sim.oracle import Hindsight, OracleTTLPolicy
+from vllm_continuum.experiments.sim.run import simulate
 from vllm_continuum.experiments.workload_spec import load_spec
 
 # A small server under memory pressure: 3,072 tokens of KV for programs whose
@@ -61,6 +64,30 @@ def test_small_run_completes_every_turn(trace, profile_path):
     # Under this pressure stock vLLM's prefix cache loses some sessions' history.
     assert summarize(results["stock"])["reuse_of_prev_prompt"] < 0.95
     assert results["stock"].meta.get("continuum_stats") is None
+
+
+def test_oracle_hindsight_knows_what_the_run_before_saw(trace, profile_path):
+    """`oracle-hindsight` reruns the oracle without the pins pressure released
+    before their return, and with each pin lasting until its next turn was
+    admitted; the rerun makes none of the first, and the policy keeps the
+    better run."""
+    first = Simulation(trace, SMALL, "oracle", prefill_profile_path=profile_path)
+    first_run = first.run()
+    taken = first.pressure_releases[0].turns
+    assert taken, "the small server is under pressure: some oracle pins are taken back"
+    assert taken <= first.pressure_releases[0].pinned
+    known = Hindsight().after(taken, first.admission_waits)
+    program, turn = next(iter(taken))
+    assert known.pin_s(program, turn, 1.0) is None
+    waited = next(k for k, w in first.admission_waits.items() if w > 0 and k[1] > 0)
+    assert known.pin_s(waited[0], waited[1] - 1, 1.0) == 1.0 + first.admission_waits[waited]
+    again = Simulation(trace, SMALL, "oracle", prefill_profile_path=profile_path, hindsight=known)
+    again.run()
+    assert again.pressure_releases[0].pinned, "the other turns are still pinned"
+    assert not again.pressure_releases[0].pinned & taken
+    best, _ = simulate(trace, SMALL, "oracle-hindsight", Path(profile_path), progress=False)
+    assert best.label == "oracle-hindsight"
+    assert summarize(best)["jct_mean_s"] <= summarize(first_run)["jct_mean_s"]
 
 
 @pytest.fixture(scope="module")

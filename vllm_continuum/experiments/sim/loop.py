@@ -49,6 +49,7 @@ from vllm_continuum.experiments.sim.driver import (
     synthetic_request,
 )
 from vllm_continuum.experiments.sim.instance import Instance, SimStats, Step
+from vllm_continuum.experiments.sim.oracle import Hindsight, PressureReleases
 from vllm_continuum.experiments.sim.policies import build_scheduler
 from vllm_continuum.experiments.sim.routing import make_router
 from vllm_continuum.experiments.trace_format import Program, Trace, continuum_hints
@@ -93,9 +94,11 @@ class Simulation:
         instances: int = 1,
         routing: str | None = None,
         routing_options: dict | None = None,
+        hindsight: Hindsight = Hindsight(),
     ) -> None:
         """instances > 1 needs a routing (routing.py); a routing with one instance
-        is allowed (it records where turns went, trivially)."""
+        is allowed (it records where turns went, trivially). hindsight: what an
+        oracle policy knows from earlier runs (oracle.py)."""
         if instances < 1 or (instances > 1 and routing is None):
             raise ValueError(f"{instances} instances need a routing")
         self.trace = trace
@@ -104,14 +107,18 @@ class Simulation:
         self.seed = seed
         self.clock = SimClock(0.0)
         self._next_tool_s: dict[str, float] = {}
+        self._hindsight = hindsight
+        self.admission_waits: dict[tuple[str, int], float] = {}  # (program, turn) -> s
+        self.pressure_releases = [PressureReleases() for _ in range(instances)]
         built = [
             build_scheduler(
                 policy, cost, self.clock,
                 prefill_profile_path=prefill_profile_path,
                 extra_settings=extra_settings,
                 oracle_durations=self._next_tool_s.get,
+                stats=self.pressure_releases[i],
             )
-            for _ in range(instances)
+            for i in range(instances)
         ]
         self.instances = [Instance(i, b.scheduler) for i, b in enumerate(built)]
         self.settings = built[0].settings
@@ -180,7 +187,8 @@ class Simulation:
             while events and events[0][0] <= clock.now:
                 _, _, live = heapq.heappop(events)
                 turn = live.program.turns[live.turn]
-                self._next_tool_s[live.program.id] = turn.tool_s if turn.tool else None
+                self._next_tool_s[live.program.id] = self._hindsight.pin_s(
+                    live.program.id, live.turn, turn.tool_s if turn.tool else None)
                 request = self._request(live)
                 live_by_id[request.request_id] = live
                 self._route(request, live).inbox.append(request)
@@ -227,6 +235,7 @@ class Simulation:
             live = live_by_id[new.req_id]
             if live.first_scheduled is None:
                 live.first_scheduled = clock.now
+                self.admission_waits[(live.program.id, live.turn)] = clock.now - live.arrival
                 live.cached = new.num_computed_tokens
         runner_out, batch = synthetic_output(
             s, out, lambda request: live_by_id[request.request_id].output[request.num_output_tokens]

@@ -4,17 +4,32 @@ Only a simulator knows that duration (the trace says it), so these policies
 bound what a TTL policy can buy: `oracle` pins every tool call for exactly
 its duration, `oracle-eq2` takes the paper's Eq. 2 with a perfect predictor.
 policies.py gives them to the continuum scheduler of the `oracle*` policies.
+
+Under memory pressure `oracle` is a weak bound, for two reasons: a pin
+expires at the return, though under load the returning turn may queue for
+longer than the one step of grace (it then loses its cache, where `forever`
+keeps it), and some pins are taken back by pressure before their return,
+their memory spent for nothing. `oracle-hindsight` (run.py's `simulate`)
+knows both from the runs before it (`Hindsight`): it runs `oracle`, then
+again with each pin lasting until its next turn was admitted last time and
+without the pins pressure released, for up to HINDSIGHT_PASSES runs, and
+keeps the best.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from vllm_continuum.config import ContinuumConfig
+from vllm_continuum.core.pin_table import Pin, ReleaseReason
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
 from vllm_continuum.core.workload import WorkloadModel
 from vllm_continuum.experiments.sim.cost_model import CostModel
+from vllm_continuum.metrics.stats import ContinuumStats
+
+HINDSIGHT_PASSES = 3  # oracle runs of `oracle-hindsight`, at most
 
 
 class OracleTTLPolicy(TTLPolicy):
@@ -82,3 +97,48 @@ def oracle_policy_factory(
         return OracleTTLPolicy(durations, slack_s=cost.max_step_s(), mode=mode, benefit=benefit)
 
     return make
+
+
+class PressureReleases(ContinuumStats):
+    """A simulation's pin statistics that also remember which turns were
+    pinned and whose pins pressure released: (program, turn), from the
+    simulator's request ids ("PROGRAM/TURN/N")."""
+
+    def __init__(self) -> None:
+        super().__init__(writer=None)
+        self.pinned: set[tuple[str, int]] = set()
+        self.turns: set[tuple[str, int]] = set()  # released under pressure
+
+    @staticmethod
+    def _turn(pin: Pin) -> tuple[str, int]:
+        program, turn, _ = pin.request_id.rsplit("/", 2)
+        return program, int(turn)
+
+    def on_pin(self, pin: Pin) -> None:
+        super().on_pin(pin)
+        self.pinned.add(self._turn(pin))
+
+    def on_release(self, pin: Pin, reason: ReleaseReason, now: float) -> None:
+        super().on_release(pin, reason, now)
+        if reason is ReleaseReason.PRESSURE:
+            self.turns.add(self._turn(pin))
+
+
+@dataclass(frozen=True)
+class Hindsight:
+    """What `oracle-hindsight` knows from the runs before this one, per
+    (program, turn): the turns whose pins pressure took back (not pinned
+    again), and how long each turn waited to be admitted after it arrived
+    (the pin of the turn before it lasts that much longer)."""
+
+    skips: frozenset[tuple[str, int]] = frozenset()
+    waits: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def pin_s(self, program: str, turn: int, tool_s: float | None) -> float | None:
+        """How long the oracle pins turn `turn`'s tool call (None: not at all)."""
+        if tool_s is None or (program, turn) in self.skips:
+            return None
+        return tool_s + self.waits.get((program, turn + 1), 0.0)
+
+    def after(self, skips: set[tuple[str, int]], waits: dict[tuple[str, int], float]) -> Hindsight:
+        return Hindsight(self.skips | skips, waits)

@@ -32,6 +32,7 @@ from vllm_continuum.experiments.report import (
 from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.sim.cost_model import CostModel, load_cost_model
 from vllm_continuum.experiments.sim.loop import Simulation
+from vllm_continuum.experiments.sim.oracle import HINDSIGHT_PASSES, Hindsight
 from vllm_continuum.experiments.trace_format import Trace
 from vllm_continuum.experiments.workload_spec import load_trace, trace_for_run
 
@@ -81,18 +82,28 @@ def simulate(
 ) -> tuple[RunResult, Simulation]:
     """One policy on one trace. extra_settings: CONTINUUM_* fields (without the
     prefix) for the continuum schedulers, e.g. {"COLD_START_SAMPLES": "20"};
-    instances, routing: that many engines behind that router (routing.py)."""
+    instances, routing: that many engines behind that router (routing.py).
+    `oracle-hindsight*`: the best of up to HINDSIGHT_PASSES oracle runs, each
+    knowing what the run before it saw (oracle.py)."""
     total = sum(len(p.turns) for p in trace)
-    with tqdm(total=total, desc=desc or f"sim {policy}", unit="turn", disable=not progress,
-              leave=False) as bar:
-        sim = Simulation(
-            trace, cost, policy, seed=seed,
-            prefill_profile_path=str(profile_path) if profile_path else None,
-            extra_settings=extra_settings, time_scheduler=time_scheduler, progress=bar,
-            instances=instances, routing=routing, routing_options=routing_options,
-        )
-        result = sim.run()
-    return result, sim
+    hindsight = Hindsight()
+    best: tuple[RunResult, Simulation] | None = None
+    for _ in range(HINDSIGHT_PASSES if policy.startswith("oracle-hindsight") else 1):
+        with tqdm(total=total, desc=desc or f"sim {policy}", unit="turn", disable=not progress,
+                  leave=False) as bar:
+            sim = Simulation(
+                trace, cost, policy, seed=seed,
+                prefill_profile_path=str(profile_path) if profile_path else None,
+                extra_settings=extra_settings, time_scheduler=time_scheduler, progress=bar,
+                instances=instances, routing=routing, routing_options=routing_options,
+                hindsight=hindsight,
+            )
+            result = sim.run()
+        if best is None or summarize(result)["jct_mean_s"] < summarize(best[0])["jct_mean_s"]:
+            best = (result, sim)
+        released = set().union(*(r.turns for r in sim.pressure_releases))
+        hindsight = hindsight.after(released, sim.admission_waits)
+    return best
 
 
 def _one_shot_title(trace: Trace) -> str:
