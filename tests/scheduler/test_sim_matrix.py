@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -50,3 +51,8 @@ def test_a_tiny_matrix_end_to_end(tmp_path):
     report = (tmp_path / "out" / "matrix.md").read_text()
     assert "cpu-agent heavy" in report and "| continuum-pressure |" in report
     assert (tmp_path / "out" / "matrix_heatmap.png").is_file()
+    # Both seeds in two processes: the same figures as one after the other.
+    assert run_matrix(spec, tmp_path / "one", jobs=1) == 0
+    assert run_matrix(spec, tmp_path / "two", jobs=2) == 0
+    rows = [json.loads((tmp_path / d / "matrix.json").read_text())["rows"] for d in ("one", "two")]
+    assert len(rows[0]) == 6 and rows[0] == rows[1]

@@ -47,7 +47,7 @@ def _matrix(args: argparse.Namespace) -> int:
     if args.only:
         spec = spec.model_copy(update={"cells": [c for c in spec.cells if c.workload in args.only]})
     return run_matrix(spec, args.out, quick=args.quick, load=args.load, policies=args.policies,
-                      command=command_line())
+                      command=command_line(), jobs=args.jobs)
 
 
 def _overhead(args: argparse.Namespace) -> int:
@@ -76,10 +76,10 @@ def register(subparsers) -> None:
                    help="a name in vllm_continuum/experiments/configs/cost_models/ or a YAML path")
     p.add_argument("--policies", nargs="+",
                    default=["stock", "continuum", "oracle"],
-                   help="stock, never, continuum, fixed, forever, oracle, oracle-eq2, and issue "
-                        "12's candidates continuum-shrunk, continuum-pressure, continuum-value, "
-                        "adaptive (all three); the continuum ones also as NAME-yield or NAME-hold "
-                        "(plain: the configured pressure policy)")
+                   help="stock, never, continuum, fixed, forever, oracle, oracle-hindsight, "
+                        "oracle-eq2, and issue 12's candidates (sim/policies.py CANDIDATES); "
+                        "the continuum ones also as NAME-yield or NAME-hold (plain: the "
+                        "configured pressure policy)")
     p.add_argument("--sweep", type=float, nargs="*",
                    help="also sweep these arrival rates (no values: 0.02 0.04 ... 0.13)")
     p.add_argument("--sweep-programs", type=int, help="programs per sweep point (default: --programs)")
@@ -108,6 +108,8 @@ def register(subparsers) -> None:
     p.add_argument("--load", help="only this load of each cell (none, moderate, heavy)")
     p.add_argument("--policies", nargs="+", help="default: the grid's")
     p.add_argument("--out", type=Path, default=Path("runs/matrix"))
+    p.add_argument("--jobs", type=int, default=1,
+                   help="processes running (cell, seed) tasks side by side (results do not depend on it)")
     p.set_defaults(run=_matrix)
 
     p = subparsers.add_parser("overhead", help="scheduler time per step, continuum vs stock")

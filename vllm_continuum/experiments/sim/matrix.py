@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -133,35 +135,67 @@ def plot_heatmap(cells: dict[str, dict[str, dict]], out: Path) -> Path:
     return save_figure(fig, out)
 
 
+def _cell_seed(cell: CellSpec, load: str, rate: float, seed: int, policies: Sequence[str],
+               profiles: dict[str, Path]) -> list[dict]:
+    """Every policy on one cell's trace of one seed: the unit of work of `run_matrix`."""
+    cost = load_cost_model(cell.cost_model)
+    profile = profiles[cell.cost_model]
+    name = cell_name(cell, load, rate)
+    trace = load_trace(cell.workload, num_programs=cell.programs, arrival_rate=rate, seed=seed)
+    rows = []
+    for policy in policies:
+        run, _ = simulate(trace, cost, policy, profile, progress=False)
+        rows.append({**summarize(run), "seed": seed, "cell": name,
+                     "preemptions": run.meta["preemptions"],
+                     "pool_usage_mean": run.meta["pool_usage_mean"]})
+    return rows
+
+
+def cell_name(cell: CellSpec, load: str, rate: float) -> str:
+    return f"{cell.workload} {load} ({rate}/s, {cell.cost_model})"
+
+
 def run_matrix(
     spec: MatrixSpec, out_dir: Path, *, quick: bool = False, load: str | None = None,
-    policies: Sequence[str] | None = None, command: str = "",
+    policies: Sequence[str] | None = None, command: str = "", jobs: int = 1,
 ) -> int:
+    """Every (cell, seed) is one task, run in `jobs` processes; the report keeps
+    the grid's order whatever order the tasks finish in."""
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     policies = list(policies or spec.policies)
     seeds = spec.seeds[:1] if quick else spec.seeds
-    rows: list[dict] = []
+    grid = spec.grid(quick, load)
+    profiles = {}  # written once, before any task reads them
+    for name in sorted({c.cost_model for c, _, _ in grid}):
+        where = out_dir / Path(name).stem  # a name, or a cost model's YAML path
+        where.mkdir(exist_ok=True)
+        profiles[name] = prepare_profile(load_cost_model(name), where)
+    tasks = [(c, ld, rate, seed) for c, ld, rate in grid for seed in seeds]
+    results: dict[int, list[dict]] = {}
+    with tqdm(total=len(tasks), desc="matrix", unit="cell x seed") as bar:
+        if jobs <= 1:
+            for i, t in enumerate(tasks):
+                results[i] = _cell_seed(*t, policies, profiles)
+                bar.update()
+        else:
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = {pool.submit(_cell_seed, *t, policies, profiles): i for i, t in enumerate(tasks)}
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    bar.update()
+    rows = [r for i in range(len(tasks)) for r in results[i]]
     cells: dict[str, dict[str, dict]] = {}
     text = [f"# Measurement matrix ({'quick subset: ' if quick else ''}seeds {seeds})", ""]
-    for cell, load, rate in tqdm(spec.grid(quick, load), desc="cells", unit="cell"):
-        cost = load_cost_model(cell.cost_model)
-        profile = prepare_profile(cost, out_dir)
-        name = f"{cell.workload} {load} ({rate}/s, {cell.cost_model})"
-        cell_rows = []
-        for seed in seeds:
-            trace = load_trace(cell.workload, num_programs=cell.programs, arrival_rate=rate, seed=seed)
-            for policy in policies:
-                run, _ = simulate(trace, cost, policy, profile, progress=False)
-                cell_rows.append({**summarize(run), "seed": seed, "cell": name,
-                                  "preemptions": run.meta["preemptions"],
-                                  "pool_usage_mean": run.meta["pool_usage_mean"]})
-        rows += cell_rows
+    for cell, ld, rate in grid:
+        name = cell_name(cell, ld, rate)
+        cell_rows = [r for r in rows if r["cell"] == name]
         cells[name] = cell_summary(cell_rows)
         stock = [r["pool_usage_mean"] for r in cell_rows if r["label"] == "stock"]
         text += cell_table(name, cells[name], sum(stock) / len(stock) if stock else math.nan) + [""]
     heatmap = plot_heatmap(cells, out_dir / "matrix_heatmap.png")
-    text += [f"heat map: {heatmap}", f"total wall time: {time.perf_counter() - started:.0f} s",
+    text += [f"heat map: {heatmap}",
+             f"total wall time: {time.perf_counter() - started:.0f} s in {max(jobs, 1)} processes",
              f"reproduce: {command or 'vllm-continuum matrix'}"]
     report = "\n".join(text)
     (out_dir / "matrix.md").write_text(report + "\n")
