@@ -76,12 +76,14 @@ class ContinuumConfig(BaseSettings):
         "latest-arriving session first, until it fits. Both release pins before any "
         "preemption.",
     )
-    queue_order: Literal["program_fcfs", "fcfs"] = Field(
+    queue_order: Literal["program_fcfs", "sessionless_first", "pinned_fcfs", "fcfs"] = Field(
         "program_fcfs",
         description="program_fcfs (the paper's): preempted requests, then the next turns "
         "of pinned contexts, then by the program's first arrival, with the waiting bound "
-        "`max_queue_delay_s`. fcfs: vLLM's own queue and order (with ttl_policy: never, "
-        "exactly stock vLLM).",
+        "`max_queue_delay_s`. sessionless_first: the same, but requests without a session "
+        "(one-turn programs, so the shortest) before sessions' turns, by their arrival. "
+        "pinned_fcfs: the same lanes, but the rest by the request's own arrival, as stock (only turns whose pin is held go ahead). fcfs: vLLM's own "
+        "queue and order (with ttl_policy: never, exactly stock vLLM).",
     )
     max_queue_delay_s: float = Field(
         1.0,
@@ -118,7 +120,7 @@ class ContinuumConfig(BaseSettings):
         description="continuum, shrunk: weight of the prior in samples; after this many "
         "calls a tool's own durations carry half the weight.",
     )
-    pin_cost: Literal["always", "pressure"] = Field(
+    pin_cost: Literal["always", "pressure", "demand"] = Field(
         "always",
         description="continuum: what a pin's memory costs per second. always (Eq. 2): "
         "all of it, as if it always kept someone out. pressure: only the share of the "

@@ -277,7 +277,7 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
     stranger = make_request(tokens(777, 80), session="A", max_tokens=4)
     d.add(stranger, answer_script())
     assert s.continuum.lane_of(stranger) != s.continuum.lane_of(next_turn(t1))
-    assert s.continuum.queue_key(stranger)[0] == stranger.arrival_time  # not the program's arrival
+    assert s.continuum.queue_key(stranger)[1] == stranger.arrival_time  # not the program's arrival
     admitted_hit(d, stranger)
     drain(d)
     assert s.continuum.pins.holds(pin)

@@ -22,8 +22,8 @@ def profile_path(tmp_path_factory):
 def test_candidates_carry_their_settings_and_a_pool_state(profile_path):
     built = build_scheduler("adaptive-yield", SMALL, SimClock(), prefill_profile_path=profile_path)
     config = built.scheduler.continuum.config
-    assert (config.duration_estimator, config.pin_cost, config.release_order,
-            config.pressure_policy) == ("shrunk", "pressure", "value", "yield")
+    assert (config.pin_cost, config.queue_order, config.pressure_policy) == (
+        "pressure", "sessionless_first", "yield")
     # An empty scheduler: every usable block free, nothing waiting.
     assert built.scheduler.continuum.pool_state() == PoolState(SMALL.num_gpu_blocks - 1, 0)
 

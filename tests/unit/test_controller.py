@@ -119,8 +119,8 @@ def test_the_next_turn_gets_the_pinned_lane_and_takes_the_pin_over_on_admission(
     c.on_arrival(nxt, None)
     c.on_arrival(stranger, None)
     assert (c.lane_of(nxt), c.lane_of(stranger)) == (PINNED, REGULAR)
-    assert c.queue_key(nxt)[0] == 0.0  # the program's first arrival
-    assert c.queue_key(stranger)[0] == 1.0  # its own: it inherits nothing
+    assert c.queue_key(nxt)[1] == 0.0  # the program's first arrival
+    assert c.queue_key(stranger)[1] == 1.0  # its own: it inherits nothing
     ledger.take_back([1, 2, 3, 4])  # vLLM allocates the turn, hitting the pinned blocks
     c.after_step([(nxt, 12)], oldest_waiting=None)
     assert not c.pins and c.stats.releases_by_reason == {"resumed": 1}

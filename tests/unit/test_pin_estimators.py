@@ -152,10 +152,12 @@ def test_pin_pressure_by_hand(pool, marginal, expected):
     (PoolState(free_blocks=0, demand_blocks=1), 8.0),
 ])
 def test_pressure_aware_ttl(pool, expected):
-    p = continuum(k=0, c0=2.0, pressure_aware=True)
+    p = continuum(k=0, c0=2.0, pin_cost="pressure")
     for d in (0.5, 1.0, 8.0):
         p.workload.durations.add("t", d)
-    assert p.decide(TurnEnd("s", "t", 10, marginal_blocks=20, pool=pool)).ttl_s == expected
+    decision = p.decide(TurnEnd("s", "t", 10, marginal_blocks=20, pool=pool))
+    assert decision.ttl_s == expected
+    assert decision.contested_ttl_s == 1.0  # held against waiting requests: Eq. 2's TTL
 
 
 def eq2_controller(pool_state=None, **settings):
@@ -169,7 +171,7 @@ def eq2_controller(pool_state=None, **settings):
             return make_ttl_policy(cfg, workload)
         return ContinuumTTLPolicy(
             workload, PrefillProfile(2.0, 0.0, 0.0), 0, cfg.max_ttl_s,
-            pressure_aware=cfg.pin_cost == "pressure",
+            pin_cost=cfg.pin_cost,
         )
 
     extra = {"pool_state": pool_state} if pool_state else {}
@@ -201,6 +203,28 @@ def test_a_pin_of_blocks_others_already_hold_costs_nothing():
     c.on_arrival(b, None)
     assert c.on_finished(b, aborted=False, tool_called=lambda: "t")
     assert c.pins.get("B").ttl_s == 8.0  # ...so its pin adds no block
+
+
+def test_a_cheap_pin_gives_way_to_waiting_requests_once_past_eq2s_ttl():
+    """Made on a quiet pool, A's pin gets 8 s where Eq. 2 gives 1 s. Under
+    `hold`, a waiting request that needs its blocks while other work runs is
+    kept waiting for the first second, then gets them; a pin of Eq. 2's cost
+    (`pin_cost: always`) is held its whole TTL."""
+    quiet = lambda: PoolState(free_blocks=50, demand_blocks=0)  # noqa: E731
+    for cost, released_at in (("pressure", 1.0), ("always", None)):
+        c, ledger, clock = eq2_controller(quiet, pin_cost=cost, ttl_policy="continuum"
+                                          if cost == "pressure" else "forever")
+        assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="t")
+        newcomer = Req("n", None, [8, 9])
+        c.on_arrival(newcomer, None)
+        for now in (0.5, 1.0):
+            clock.now = now
+            got = c.retry_with_pins_released(
+                newcomer, lambda: "blocks", shortfall=2, keep=frozenset(), running=False,
+                preempted=False, waiting=True, anything_running=True,
+            )
+            assert (got == "blocks") is (now == released_at), (cost, now)
+        assert (c.pins.get("A") is None) is (released_at is not None)
 
 
 # --------------------------------------------------------- release by value

@@ -103,7 +103,7 @@ class ContinuumSchedulerMixin:
         self._in_schedule = False
         self._lane_changes: set[str] = set()
         assert not self.waiting, "the waiting queue is replaced before any request"
-        if cfg.queue_order == "program_fcfs":
+        if cfg.queue_order != "fcfs":
             self.waiting = self.continuum.lane_queue(
                 preempted=RequestStatus.PREEMPTED, waiting=RequestStatus.WAITING
             )

@@ -165,9 +165,12 @@ class PinController:
 
     def queue_key(self, request: TurnRequest) -> tuple:
         """Program-level FCFS: by the program's first arrival, then the request's."""
+        order = self.config.queue_order
         turn = self.turns.get(request.request_id)
-        program = turn.program_arrival if turn is not None else request.arrival_time
-        return (program, request.arrival_time, request.request_id)
+        by_program = turn is not None and order != "pinned_fcfs"
+        program = turn.program_arrival if by_program else request.arrival_time
+        session_last = order == "sessionless_first" and session_key(request.session_id) is not None
+        return (session_last, program, request.arrival_time, request.request_id)
 
     def enqueued_at(self, request: TurnRequest) -> float:
         turn = self.turns.get(request.request_id)
@@ -288,6 +291,7 @@ class PinController:
         kept_hashes = hashes[: kept * self.hashes_per_block]
         anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
         ttl_s = benefit_s = 0.0
+        contested_ttl_s = None
         if kept_ids and anchor is not None:
             # The TTL is decided on what the pin will actually keep.
             kept_tokens = min(request.num_tokens, kept * self.block_size)
@@ -296,7 +300,7 @@ class PinController:
                 turn = replace(turn, pool=self.pool_state(),
                                marginal_blocks=marginal_blocks(kept_ids, self.ledger.ref_count))
             decision = self.ttl_policy.decide(turn)
-            ttl_s = decision.ttl_s
+            ttl_s, contested_ttl_s = decision.ttl_s, decision.contested_ttl_s
             if self.config.release_order == "value":  # only that order reads it
                 modelled = self.ttl_policy.expected_benefit_s(turn)
                 benefit_s = float(len(kept_ids)) if modelled is None else modelled
@@ -330,6 +334,7 @@ class PinController:
             hashes=kept_hashes,
             fence=fence,
             benefit_s=benefit_s,
+            contested_at=now + contested_ttl_s if contested_ttl_s is not None else float("inf"),
         )
         self.pins.add(pin)
         self.stats.on_pin(pin)
@@ -441,9 +446,14 @@ class PinController:
             preempted=preempted,
             overdue=waiting and self.overdue(request),
         ):
-            # Pins could make room but are kept: everyone waiting waits for them.
-            self.bound.held_by_pins(self.level(request), self.clock())
-            return None
+            # Only pins past their contested TTL give way; if they do not cover
+            # it, pins could make room but are kept: everyone waiting waits.
+            now = self.clock()
+            contested = [p for p in candidates if p.contested_at <= now]
+            victims = pins_to_release(contested, shortfall, self.ledger.ref_count, keep=keep)
+            if not victims:
+                self.bound.held_by_pins(self.level(request), now)
+                return None
         for pin in victims:
             self.pins.remove(pin)
             self.ledger.give_back(pin.blocks, pin.fence)

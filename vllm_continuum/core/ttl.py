@@ -19,7 +19,10 @@ Two settings change its inputs (each off by default, so `continuum` stays
 the paper's): `duration_estimator: shrunk` replaces the switch to a tool's
 own CDF at K samples by a CDF shrunk toward the all-tools one
 (`shrinkage.py`), and `pin_cost: pressure` charges tau only for the memory
-the waiting demand needs (`pin_value.py`): Eq. 2 with B / pressure.
+the waiting demand needs (`pin_value.py`): Eq. 2 with B / pressure. Such a
+pin may outlive what Eq. 2 would give it at full cost; once waiting
+requests need its blocks it holds only that long (`contested_ttl_s`), so a
+pin made on a quiet server is cut back to Eq. 2 when the server fills up.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from __future__ import annotations
 import bisect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.pin_value import PoolState, pin_pressure
@@ -55,6 +58,9 @@ class TurnEnd:
 class TTLDecision:
     ttl_s: float
     source: str  # "hint", "cold start", "tool CDF", ... (logged and tested)
+    # How long the pin is worth its memory once waiting requests need it (Eq. 2
+    # at full cost): past this age it gives way to them. None: the whole TTL.
+    contested_ttl_s: float | None = None
 
 
 class TTLPolicy(ABC):
@@ -70,7 +76,7 @@ class TTLPolicy(ABC):
         else:
             decision = self.choose(turn)
         if decision.ttl_s > self.max_ttl_s:
-            return TTLDecision(self.max_ttl_s, decision.source + "+cap")
+            return replace(decision, ttl_s=self.max_ttl_s, source=decision.source + "+cap")
         return decision
 
     @abstractmethod
@@ -164,14 +170,14 @@ class ContinuumTTLPolicy(TTLPolicy):
         max_ttl_s: float,
         *,
         prior_samples: float | None = None,
-        pressure_aware: bool = False,
+        pin_cost: str = "always",
     ) -> None:
         super().__init__(max_ttl_s)
         self.workload = workload
         self.profile = profile
         self.k = cold_start_samples
         self.prior_samples = prior_samples  # None: the paper's switch at K samples
-        self.pressure_aware = pressure_aware
+        self.pin_cost = pin_cost  # "always" (Eq. 2), "pressure" or "demand"
 
     def profile_note(self, max_model_len: int) -> str | None:
         return self.profile.clamp_note(max_model_len)
@@ -183,32 +189,39 @@ class ContinuumTTLPolicy(TTLPolicy):
     def expected_benefit_s(self, turn: TurnEnd) -> float:
         return self.benefit_s(turn, self.workload.eta)
 
-    def _per_cost(self, benefit_s: float, turn: TurnEnd) -> float:
-        """The benefit in units of the pin's cost per second: B / pressure."""
-        if not self.pressure_aware:
-            return benefit_s
-        pressure = pin_pressure(turn.pool, turn.marginal_blocks)
-        if pressure > 0:
-            return benefit_s / pressure
-        return math.inf if benefit_s > 0 else 0.0
-
     def choose(self, turn: TurnEnd) -> TTLDecision:
+        """Eq. 2 on the configured CDF, at the cost `pin_cost` names. always:
+        the TTL is Eq. 2's. pressure: Eq. 2 with the cost scaled by the pin's
+        pressure now. demand: no cost until someone waits (the TTL is
+        `max_ttl_s`). With both, the pin holds against waiting requests only
+        for Eq. 2's TTL at full cost (`contested_ttl_s`)."""
+        ttl_at, benefit, source = self._eq2(turn)
+        full = ttl_at(benefit)
+        if self.pin_cost == "always":
+            return TTLDecision(full, source)
+        if self.pin_cost == "demand":
+            return TTLDecision(math.inf, source, contested_ttl_s=full)
+        pressure = pin_pressure(turn.pool, turn.marginal_blocks)
+        per_cost = benefit / pressure if pressure > 0 else (math.inf if benefit > 0 else 0.0)
+        return TTLDecision(ttl_at(per_cost), source, contested_ttl_s=full)
+
+    def _eq2(self, turn: TurnEnd) -> tuple[Callable[[float], float], float, str]:
+        """(tau*(B) on the turn's duration CDF, B, the CDF's name)."""
         durations = self.workload.durations
         if self.prior_samples is not None:
             cdf = shrunk_cdf(durations, turn.tool, self.prior_samples)
             programs = self.workload.programs
             eta = shrunk_mean(programs.eta, len(programs), 1.0, self.prior_samples)
-            benefit = self._per_cost(self.benefit_s(turn, eta), turn)
-            return TTLDecision(cdf.best_ttl(benefit), "shrunk CDF")
+            return cdf.best_ttl, self.benefit_s(turn, eta), "shrunk CDF"
         if durations.num_samples <= self.k:
-            return TTLDecision(
-                exp1_ttl(self._per_cost(self.benefit_s(turn, eta=1.0), turn)), "cold start"
-            )
-        benefit = self._per_cost(self.benefit_s(turn, self.workload.eta), turn)
+            return exp1_ttl, self.benefit_s(turn, eta=1.0), "cold start"
+        benefit = self.benefit_s(turn, self.workload.eta)
         history = durations.of(turn.tool)
         if history is None or len(history) <= self.k:
-            return TTLDecision(optimal_ttl(durations.all_tools.sorted, benefit), "global CDF")
-        return TTLDecision(optimal_ttl(history.sorted, benefit), "tool CDF")
+            pooled = durations.all_tools.sorted
+            return (lambda b: optimal_ttl(pooled, b)), benefit, "global CDF"
+        own = history.sorted
+        return (lambda b: optimal_ttl(own, b)), benefit, "tool CDF"
 
 
 def make_ttl_policy(config: ContinuumConfig, workload: WorkloadModel) -> TTLPolicy:
@@ -224,5 +237,5 @@ def make_ttl_policy(config: ContinuumConfig, workload: WorkloadModel) -> TTLPoli
     return ContinuumTTLPolicy(
         workload, profile, config.cold_start_samples, config.max_ttl_s,
         prior_samples=config.prior_samples if config.duration_estimator == "shrunk" else None,
-        pressure_aware=config.pin_cost == "pressure",
+        pin_cost=config.pin_cost,
     )

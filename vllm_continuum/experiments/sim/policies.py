@@ -23,13 +23,17 @@ from vllm_continuum.experiments.sim.oracle import oracle_policy_factory
 from vllm_continuum.metrics.stats import ContinuumStats
 from vllm_continuum.tools.atomic_dir import replacing_dir
 
-# The candidates of issue 12: Eq. 2 with one setting changed each, and all three.
+# The candidates of issue 12: Eq. 2 with one setting changed each, and the
+# combinations the measurements led to (docs/benchmarks.md, "Issue 12").
 CANDIDATES: dict[str, dict[str, str]] = {
     "continuum-shrunk": {"TTL_POLICY": "continuum", "DURATION_ESTIMATOR": "shrunk"},
     "continuum-pressure": {"TTL_POLICY": "continuum", "PIN_COST": "pressure"},
-    "continuum-value": {"TTL_POLICY": "continuum", "RELEASE_ORDER": "value"},
-    "adaptive": {"TTL_POLICY": "continuum", "DURATION_ESTIMATOR": "shrunk",
-                 "PIN_COST": "pressure", "RELEASE_ORDER": "value"},
+    "adaptive": {"TTL_POLICY": "continuum", "PIN_COST": "pressure",
+                 "QUEUE_ORDER": "sessionless_first"},
+    "adaptive-demand": {"TTL_POLICY": "continuum", "PIN_COST": "demand",
+                        "QUEUE_ORDER": "sessionless_first"},
+    "forever-sessionless-first": {"TTL_POLICY": "forever", "QUEUE_ORDER": "sessionless_first"},
+    "fixed-8s": {"TTL_POLICY": "fixed", "DEFAULT_TTL_S": "8"},
 }
 
 # name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get an oracle TTL policy (oracle.py).
@@ -41,6 +45,7 @@ POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
     label: (True, settings)
     for name, base in (("continuum", {"TTL_POLICY": "continuum"}), ("fixed", {"TTL_POLICY": "fixed"}),
                        ("forever", {"TTL_POLICY": "forever"}), ("oracle", {"TTL_POLICY": "never"}),
+                       ("oracle-hindsight", {"TTL_POLICY": "never"}),
                        ("oracle-eq2", {"TTL_POLICY": "never"}), *CANDIDATES.items())
     for label, settings in pressure_variants(name, base, "PRESSURE_POLICY").items()
 }
@@ -91,6 +96,7 @@ def build_scheduler(
     prefill_profile_path: str | None = None,
     extra_settings: dict[str, str] | None = None,
     oracle_durations: Callable[[str], float | None] | None = None,
+    stats: ContinuumStats | None = None,
 ) -> BuiltScheduler:
     """The scheduler `policy` runs on the simulated clock: the one place where
     the simulator hands a scheduler its settings, clock and TTL policy."""
@@ -109,7 +115,7 @@ def build_scheduler(
     if is_continuum:
         # No metrics export from a simulation: a stats object without a writer.
         extra = {"continuum_config": sim_config(settings), "continuum_clock": clock,
-                 "continuum_stats": ContinuumStats(writer=None)}
+                 "continuum_stats": stats or ContinuumStats(writer=None)}
         if policy.startswith("oracle"):
             assert oracle_durations is not None
             extra["continuum_ttl_policy"] = oracle_policy_factory(
