@@ -127,13 +127,6 @@ class ContinuumConfig(BaseSettings):
         "pin's own blocks that the waiting requests need beyond the free pool (zero on "
         "a quiet server: pin until the slowest call returns, within max_ttl_s).",
     )
-    release_order: Literal["arrival", "value"] = Field(
-        "arrival",
-        description="Which pins pressure releases first. arrival (the paper's): the "
-        "latest-arriving program's. value: the least expected benefit per freed block, "
-        "P(the tool returns within the remaining TTL | not yet) x the reload and "
-        "queueing its return saves / blocks only it holds.",
-    )
     duration_history: int = Field(
         1000, ge=1, description="continuum: newest tool durations kept per tool."
     )

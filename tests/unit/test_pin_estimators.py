@@ -13,8 +13,7 @@ from tests.unit.test_controller import Clock, Ledger, Req, run
 from vllm_continuum.config import load_config
 from vllm_continuum.core.controller import PinController
 from vllm_continuum.core.durations import ToolDurations
-from vllm_continuum.core.pin_table import Pin
-from vllm_continuum.core.pin_value import PoolState, marginal_blocks, pin_pressure, release_by_value
+from vllm_continuum.core.pin_value import PoolState, marginal_blocks, pin_pressure
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.shrinkage import MixedCDF, shrunk_cdf, shrunk_mean
 from vllm_continuum.core.ttl import ContinuumTTLPolicy, TurnEnd, make_ttl_policy, optimal_ttl
@@ -78,15 +77,6 @@ def test_one_empirical_part_is_eq2():
         assert MixedCDF(((1.0, durations),)).best_ttl(benefit) == optimal_ttl(durations, benefit)
 
 
-def test_survival_return_is_conditional_on_not_having_returned():
-    cdf = MixedCDF(((1.0, [1.0, 2.0, 3.0, 4.0]),))
-    assert cdf.survival_return(1.5, 1.0) == pytest.approx(0.25 / 0.75)
-    assert cdf.survival_return(0.0, math.inf) == 1.0
-    assert cdf.survival_return(5.0, 10.0) == 0.0  # later than anything seen
-    assert cdf.survival_return(1.0, 0.0) == 0.0
-
-
-# --------------------------------------------------- no cliff at K, in Eq. 2
 def continuum(k=100, c0=30.0, **kwargs) -> ContinuumTTLPolicy:
     workload = WorkloadModel(history_limit=1000, queueing_window=8, program_window=50)
     return ContinuumTTLPolicy(workload, PrefillProfile(c0, 0.0, 0.0), k, 1e9, **kwargs)
@@ -227,49 +217,7 @@ def test_a_cheap_pin_gives_way_to_waiting_requests_once_past_eq2s_ttl():
         assert (c.pins.get("A") is None) is (released_at is not None)
 
 
-# --------------------------------------------------------- release by value
-def pin(name, blocks, created=0.0, expires=10.0, benefit=1.0, arrival=0.0):
-    return Pin(name, name, "t", blocks, tuple(blocks), created, expires, arrival,
-               benefit_s=benefit)
-
-
-def test_release_by_value_orders_by_expected_benefit_per_freed_block():
-    refs = {1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 2}.get
-    a = pin("a", [1, 2], benefit=4.0)  # 0.5 * 4 / 2 = 1
-    b = pin("b", [3, 4, 5], benefit=3.0)  # 0.5 * 3 / 3 = 0.5
-    c = pin("c", [6], benefit=0.1)  # its block is shared: frees nothing, goes last
-    p = lambda pin, age, remaining: 0.5  # noqa: E731
-    assert release_by_value([a, b, c], 5.0, p, refs) == [b, a, c]
-    assert marginal_blocks([1, 2, 6, 6], refs) == 2
-    assert marginal_blocks([1, 2], refs, keep={2}) == 1
-
-
-def test_release_by_value_asks_about_the_rest_of_each_ttl():
-    seen = []
-    release_by_value([pin("a", [1], created=2.0, expires=10.0)], 5.0,
-                     lambda pin, age, rest: seen.append((age, rest)) or 1.0, {1: 1}.get)
-    assert seen == [(3.0, 5.0)]
-
-
-def test_pressure_releases_the_pin_least_likely_to_be_used_not_the_latest():
-    """A (first program) waits for a fast tool that is already late and has 1 s
-    of TTL left; B (a later program) waits for a slow tool well within its
-    durations. Arrival order gives up B; value order gives up A."""
-    for order, kept in (("arrival", "A"), ("value", "B")):
-        c, ledger, clock = eq2_controller(
-            ttl_policy="fixed", tool_ttl_s={"grep": 6.0, "pytest": 30.0},
-            pressure_policy="yield", release_order=order,
-        )
-        for _ in range(20):
-            c.workload.durations.add("grep", 0.1)
-            c.workload.durations.add("pytest", 10.0)
-        run(c, ledger, Req("a1", "A", [1, 2], arrival_time=0.0), tool="grep")
-        run(c, ledger, Req("b1", "B", [3, 4], arrival_time=1.0), tool="pytest")
-        clock.now = 5.0
-        newcomer = Req("n", None, [8, 9])
-        c.on_arrival(newcomer, None)
-        assert c.retry_with_pins_released(
-            newcomer, lambda: "blocks", shortfall=2, keep=frozenset(), running=False,
-            preempted=False, waiting=True, anything_running=True,
-        ) == "blocks"
-        assert [p.session_id for p in c.pins] == [kept]
+def test_marginal_blocks_are_those_only_the_holder_references():
+    refs = {1: 1, 2: 1, 6: 2}.get
+    assert marginal_blocks([1, 2, 6, 6], refs) == 2  # 6 is shared; duplicates count once
+    assert marginal_blocks([1, 2], refs, keep={2}) == 1  # the requester's own hit frees nothing

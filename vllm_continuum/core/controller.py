@@ -12,7 +12,8 @@ requests as vLLM gives them (only the attributes of `TurnRequest` are read).
   was admitted (`after_step`), its TTL passed (`release_expired`, with one
   step of grace for a queued next turn), an allocation needed its blocks
   (`retry_with_pins_released`, as `pressure.py` allows, in the order
-  `release_order` names: `pin_value.py` for `value`), the cap made room,
+  latest-arriving program first), the cap made room, a pin past its
+  contested TTL gave way to a waiting request (`pin_cost: pressure|demand`),
   the session ended or aborted (`on_finished`), or a newer pin of the same
   context holds all its blocks.
 - The waiting queue (`waiting_queue.py`) asks it for lanes and keys, and the
@@ -31,10 +32,9 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from vllm_continuum.core.hints import NO_HINTS, Hints, parse_hints
 from vllm_continuum.core.ledger import BlockLedger
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
-from vllm_continuum.core.pin_value import PoolState, marginal_blocks, release_by_value
+from vllm_continuum.core.pin_value import PoolState, marginal_blocks
 from vllm_continuum.core.pressure import may_release_pins, pins_to_release
 from vllm_continuum.core.sessions import SessionRegistry, session_key
-from vllm_continuum.core.shrinkage import MixedCDF, shrunk_cdf
 from vllm_continuum.core.ttl import TTLPolicy, TurnEnd, make_ttl_policy
 from vllm_continuum.core.waiting_bound import WaitingBound
 from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
@@ -290,7 +290,7 @@ class PinController:
         kept_ids = self.ledger.ids(blocks[:kept])
         kept_hashes = hashes[: kept * self.hashes_per_block]
         anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
-        ttl_s = benefit_s = 0.0
+        ttl_s = 0.0
         contested_ttl_s = None
         if kept_ids and anchor is not None:
             # The TTL is decided on what the pin will actually keep.
@@ -301,9 +301,6 @@ class PinController:
                                marginal_blocks=marginal_blocks(kept_ids, self.ledger.ref_count))
             decision = self.ttl_policy.decide(turn)
             ttl_s, contested_ttl_s = decision.ttl_s, decision.contested_ttl_s
-            if self.config.release_order == "value":  # only that order reads it
-                modelled = self.ttl_policy.expected_benefit_s(turn)
-                benefit_s = float(len(kept_ids)) if modelled is None else modelled
             self.stats.on_ttl_decision(tool, ttl_s, decision.source)
             logger.debug(
                 "continuum: session=%s tool=%s ttl=%.3fs source=%s",
@@ -333,7 +330,6 @@ class PinController:
             anchor=anchor,
             hashes=kept_hashes,
             fence=fence,
-            benefit_s=benefit_s,
             contested_at=now + contested_ttl_s if contested_ttl_s is not None else float("inf"),
         )
         self.pins.add(pin)
@@ -432,10 +428,6 @@ class PinController:
         if the pressure policy allows. If no set of pins covers it, or the
         retry fails anyway, nothing is released."""
         candidates = [p for p in self.pins.release_order() if self.ledger.can_give_back_now(p.fence)]
-        if self.config.release_order == "value":
-            candidates = release_by_value(
-                candidates, self.clock(), self._p_return_by_tool(), self.ledger.ref_count, keep
-            )
         victims = pins_to_release(candidates, shortfall, self.ledger.ref_count, keep=keep)
         if not victims:
             return None
@@ -470,21 +462,6 @@ class PinController:
             self.stats.on_release(pin, ReleaseReason.PRESSURE, now)
             self._on_lane_change(pin.session_id)
         return allocated
-
-    def _p_return_by_tool(self) -> Callable[[Pin, float, float], float]:
-        """P(a pin's tool returns within `remaining_s` | out for `age_s`), each
-        tool's shrunk CDF built once per call (pins of one tool share it)."""
-        cdfs: dict[str, MixedCDF] = {}
-
-        def p_return(pin: Pin, age_s: float, remaining_s: float) -> float:
-            cdf = cdfs.get(pin.tool)
-            if cdf is None:
-                cdf = cdfs[pin.tool] = shrunk_cdf(
-                    self.workload.durations, pin.tool, self.config.prior_samples
-                )
-            return cdf.survival_return(age_s, remaining_s)
-
-        return p_return
 
     # ------------------------------------------------------------ utilities
     def held(self, session: str) -> bool:

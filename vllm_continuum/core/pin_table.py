@@ -80,9 +80,6 @@ class Pin:
     seq: int = field(default=0, compare=False)
     # Scheduling step in which the expired pin was kept for a turn being admitted.
     grace_step: int | None = None
-    # What its turn's return saves (seconds, or its block count where the TTL
-    # policy does not model it): releasing by value weighs pins by it.
-    benefit_s: float = 0.0
     # From then on it gives way to waiting requests that need its blocks
     # (`pin_cost: pressure`: where Eq. 2 at full cost would have ended it).
     contested_at: float = float("inf")

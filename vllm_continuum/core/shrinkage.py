@@ -48,16 +48,6 @@ class MixedCDF:
             total += self.exp_weight * -math.expm1(-tau) if math.isfinite(tau) else self.exp_weight
         return total
 
-    def survival_return(self, age_s: float, horizon_s: float) -> float:
-        """P(duration <= age + horizon | duration > age): that a tool call out
-        for `age_s` returns within the next `horizon_s`."""
-        if horizon_s <= 0:
-            return 0.0
-        left = 1.0 - self(age_s)
-        if left <= 1e-12:  # every sample is past: it is later than anything seen
-            return 0.0
-        return min(1.0, max(0.0, (self(age_s + horizon_s) - self(age_s)) / left))
-
     def best_ttl(self, benefit_s: float) -> float:
         """tau* = argmax over tau >= 0 of F(tau) * benefit - tau (ties: shorter).
         An infinite benefit (a pin that costs nothing) waits for the slowest

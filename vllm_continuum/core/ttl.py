@@ -83,11 +83,6 @@ class TTLPolicy(ABC):
     def choose(self, turn: TurnEnd) -> TTLDecision:
         """The policy's own TTL, before hints and the cap."""
 
-    def expected_benefit_s(self, turn: TurnEnd) -> float | None:
-        """What the turn's return to its pin saves, in seconds; None if the
-        policy does not model it (then pins are valued per block alike)."""
-        return None
-
 
 class FixedTTLPolicy(TTLPolicy):
     """A configured TTL per tool name, else a default."""
@@ -185,9 +180,6 @@ class ContinuumTTLPolicy(TTLPolicy):
     def benefit_s(self, turn: TurnEnd, eta: float) -> float:
         reload = self.profile.seconds(turn.num_context_tokens)
         return max(0.0, self.workload.mean_queueing_delay_s * eta + reload)
-
-    def expected_benefit_s(self, turn: TurnEnd) -> float:
-        return self.benefit_s(turn, self.workload.eta)
 
     def choose(self, turn: TurnEnd) -> TTLDecision:
         """Eq. 2 on the configured CDF, at the cost `pin_cost` names. always:
