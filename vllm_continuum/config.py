@@ -77,7 +77,7 @@ class ContinuumConfig(BaseSettings):
         "preemption.",
     )
     queue_order: Literal["program_fcfs", "sessionless_first", "pinned_fcfs", "fcfs"] = Field(
-        "program_fcfs",
+        "sessionless_first",
         description="program_fcfs (the paper's): preempted requests, then the next turns "
         "of pinned contexts, then by the program's first arrival, with the waiting bound "
         "`max_queue_delay_s`. sessionless_first: the same, but requests without a session "
@@ -121,7 +121,7 @@ class ContinuumConfig(BaseSettings):
         "calls a tool's own durations carry half the weight.",
     )
     pin_cost: Literal["always", "pressure", "demand"] = Field(
-        "always",
+        "pressure",
         description="continuum: what a pin's memory costs per second. always (Eq. 2): "
         "all of it, as if it always kept someone out. pressure: only the share of the "
         "pin's own blocks that the waiting requests need beyond the free pool (zero on "

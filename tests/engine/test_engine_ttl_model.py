@@ -50,6 +50,7 @@ def slow_reload_profile(tmp_path_factory):
 def model_server(tiny_model_dir, slow_reload_profile, tmp_path_factory):
     settings = {
         "ttl_policy": "continuum",
+        "pin_cost": "always",  # the paper's Eq. 2: its decisions are what is checked
         "cold_start_samples": K,
         "prefill_profile": str(slow_reload_profile),
         "log_level": "DEBUG",

@@ -102,11 +102,13 @@ class Fleet:
 
 def fleet(model_dir, monkeypatch, flavour: str, num_blocks=64, policy="fcfs", **settings) -> Fleet:
     """flavour: stock, or a continuum pressure/TTL variant."""
+    paper = {"QUEUE_ORDER": "program_fcfs"}  # the order that puts newcomers last
     env = {
         "stock": {},
-        "hold": {"TTL_POLICY": "fixed", "PRESSURE_POLICY": "hold"},
-        "yield": {"TTL_POLICY": "fixed", "PRESSURE_POLICY": "yield"},
-        "never": {"TTL_POLICY": "never"},
+        "default": {},  # what ships
+        "hold": {"TTL_POLICY": "fixed", "PRESSURE_POLICY": "hold", **paper},
+        "yield": {"TTL_POLICY": "fixed", "PRESSURE_POLICY": "yield", **paper},
+        "never": {"TTL_POLICY": "never", **paper},
         "never-fcfs": {"TTL_POLICY": "never", "QUEUE_ORDER": "fcfs"},
     }[flavour]
     for key, value in {**env, **settings}.items():
@@ -154,7 +156,7 @@ def test_a_newcomer_is_admitted_within_the_bound_under_every_policy(
     after BOUND_S it goes first and pins give way to it: it then waits only
     for the agent turns already running to end (about 20 decode steps)."""
     waits = {}
-    for flavour in ("stock", "hold", "yield", "never", "never-fcfs"):
+    for flavour in ("stock", "default", "hold", "yield", "never", "never-fcfs"):
         with monkeypatch.context() as m:
             waits[flavour], _ = starvation(tiny_model_dir, m, flavour, MAX_QUEUE_DELAY_S=BOUND_S)
     with monkeypatch.context() as m:  # today's main, in effect: no bound
@@ -164,7 +166,7 @@ def test_a_newcomer_is_admitted_within_the_bound_under_every_policy(
     assert waits["stock"] is not None
     running_turn_steps = 22  # a turn already running when the bound passes still ends
     bound_steps = math.ceil(BOUND_S / STEP_S)
-    for flavour in ("hold", "yield", "never"):
+    for flavour in ("default", "hold", "yield", "never"):
         assert waits[flavour] is not None, f"{flavour}: newcomer starved"
         assert waits[flavour] <= bound_steps + running_turn_steps, (flavour, waits)
     assert waits["never-fcfs"] == waits["stock"]
@@ -363,9 +365,10 @@ def test_yield_releases_only_the_pins_that_cover_the_shortfall(build, monkeypatc
     assert not hog.is_finished()
 
 
-def test_hold_lets_a_preempted_request_use_pinned_memory(build):
+def test_hold_lets_a_preempted_request_use_pinned_memory(build, monkeypatch):
     """hold keeps pins while other work runs, but not from a request that was
     preempted: it has lost its KV once already."""
+    monkeypatch.setenv("CONTINUUM_QUEUE_ORDER", "program_fcfs")  # the agent is admitted first
     d = build(num_blocks=24, max_num_seqs=3)
     s = d.scheduler
     # The agent's turn ends (and pins) while q, preempted as p and q grow, waits.

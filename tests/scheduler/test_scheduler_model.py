@@ -106,6 +106,7 @@ def test_continuum_policy_decides_by_the_measured_cdf(build, monkeypatch, tmp_pa
     profile = tmp_path / "profile.yaml"
     profile.write_text("c0: 2.0\nc1: 0.0\nc2: 0.0\n")  # reload costs 2 s, whatever the length
     monkeypatch.setenv("CONTINUUM_TTL_POLICY", "continuum")
+    monkeypatch.setenv("CONTINUUM_PIN_COST", "always")  # Eq. 2 as the paper has it
     monkeypatch.setenv("CONTINUUM_COLD_START_SAMPLES", "2")
     monkeypatch.setenv("CONTINUUM_PREFILL_PROFILE", str(profile))
     d = build()
@@ -124,10 +125,18 @@ def test_continuum_policy_decides_by_the_measured_cdf(build, monkeypatch, tmp_pa
     assert s.continuum.pins.get("probe-fast") is not None and s.continuum.pins.get("probe-slow") is None
 
 
-def test_program_level_fcfs(build, monkeypatch):
+@pytest.mark.parametrize("order, expected", [
+    ("program_fcfs", ["a2", "b1", "loner"]),
+    # Requests without a session (one-turn programs) first, then program order.
+    ("sessionless_first", ["loner", "a2", "b1"]),
+    ("pinned_fcfs", ["b1", "loner", "a2"]),  # arrival order, as stock
+])
+def test_program_level_fcfs(build, monkeypatch, order, expected):
     """Without pins, an older program's later turn goes before a newer
-    program's first request (then arrival order)."""
+    program's first request (then arrival order); `queue_order` says where
+    requests without a session go."""
     monkeypatch.setenv("CONTINUUM_TTL_POLICY", "never")
+    monkeypatch.setenv("CONTINUUM_QUEUE_ORDER", order)
     d = build(max_num_seqs=1)
     s = d.scheduler
     a1 = make_request(tokens(0, 32), session="A", max_tokens=2, arrival=1.0)
@@ -141,7 +150,8 @@ def test_program_level_fcfs(build, monkeypatch):
     a2 = make_request(tokens(0, 40), session="A", max_tokens=2, arrival=4.0)
     for r in (b1, loner, a2):
         d.add(r)
-    assert [r.request_id for r in s.waiting] == [a2.request_id, b1.request_id, loner.request_id]
+    names = {a2.request_id: "a2", b1.request_id: "b1", loner.request_id: "loner"}
+    assert [names[r.request_id] for r in s.waiting] == expected
 
 
 def _pressure_state(build, monkeypatch, policy: str):

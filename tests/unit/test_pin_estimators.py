@@ -178,7 +178,7 @@ def test_the_controller_passes_the_pool_state_and_the_marginal_blocks():
     assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="t")
     assert c.pins.get("A").ttl_s == 8.0
     # Without a pool-state source (today's adapter) or with pin_cost: always, Eq. 2.
-    for c, ledger, _ in (eq2_controller(pin_cost="pressure"), eq2_controller(quiet)):
+    for c, ledger, _ in (eq2_controller(pin_cost="pressure"), eq2_controller(quiet, pin_cost="always")):
         assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="t")
         assert c.pins.get("A").ttl_s == 1.0
 

@@ -23,30 +23,40 @@ from vllm_continuum.experiments.sim.oracle import oracle_policy_factory
 from vllm_continuum.metrics.stats import ContinuumStats
 from vllm_continuum.tools.atomic_dir import replacing_dir
 
+# The paper's settings besides the TTL policy: the baselines run with them
+# whatever the shipped defaults are, so that a label keeps its meaning.
+PAPER = {"QUEUE_ORDER": "program_fcfs", "PIN_COST": "always", "DURATION_ESTIMATOR": "cliff"}
+
 # The candidates of issue 12: Eq. 2 with one setting changed each, and the
 # combinations the measurements led to (docs/benchmarks.md, "Issue 12").
 CANDIDATES: dict[str, dict[str, str]] = {
-    "continuum-shrunk": {"TTL_POLICY": "continuum", "DURATION_ESTIMATOR": "shrunk"},
-    "continuum-pressure": {"TTL_POLICY": "continuum", "PIN_COST": "pressure"},
-    "adaptive": {"TTL_POLICY": "continuum", "PIN_COST": "pressure",
+    "continuum-shrunk": {"TTL_POLICY": "continuum", **PAPER, "DURATION_ESTIMATOR": "shrunk"},
+    "continuum-pressure": {"TTL_POLICY": "continuum", **PAPER, "PIN_COST": "pressure"},
+    "adaptive": {"TTL_POLICY": "continuum", **PAPER, "PIN_COST": "pressure",
                  "QUEUE_ORDER": "sessionless_first"},
-    "adaptive-demand": {"TTL_POLICY": "continuum", "PIN_COST": "demand",
+    "adaptive-demand": {"TTL_POLICY": "continuum", **PAPER, "PIN_COST": "demand",
                         "QUEUE_ORDER": "sessionless_first"},
-    "forever-sessionless-first": {"TTL_POLICY": "forever", "QUEUE_ORDER": "sessionless_first"},
-    "fixed-8s": {"TTL_POLICY": "fixed", "DEFAULT_TTL_S": "8"},
+    "forever-sessionless-first": {"TTL_POLICY": "forever", **PAPER,
+                                  "QUEUE_ORDER": "sessionless_first"},
+    "fixed-8s": {"TTL_POLICY": "fixed", "DEFAULT_TTL_S": "8", **PAPER},
 }
 
-# name -> (continuum scheduler?, CONTINUUM_* settings). "oracle*" get an oracle TTL policy (oracle.py).
-# A plain name runs under the configured pressure policy; -yield / -hold pick one.
+# Baseline label -> its TTL policy ("oracle*" get an oracle TTL policy, oracle.py).
+BASELINES = {"continuum": "continuum", "fixed": "fixed", "forever": "forever",
+             "oracle": "never", "oracle-hindsight": "never", "oracle-eq2": "never"}
+# Every label that runs our scheduler: what ships ("default"), the baselines, the candidates.
+PINNING = {"default": {}} | {
+    name: {"TTL_POLICY": ttl, **PAPER} for name, ttl in BASELINES.items()
+} | CANDIDATES
+
+# name -> (continuum scheduler?, CONTINUUM_* settings). A plain name runs under
+# the configured pressure policy; NAME-yield / NAME-hold pick one.
 POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
     "stock": (False, {}),
-    "never": (True, {"TTL_POLICY": "never"}),
+    "never": (True, {"TTL_POLICY": "never", **PAPER}),
 } | {
     label: (True, settings)
-    for name, base in (("continuum", {"TTL_POLICY": "continuum"}), ("fixed", {"TTL_POLICY": "fixed"}),
-                       ("forever", {"TTL_POLICY": "forever"}), ("oracle", {"TTL_POLICY": "never"}),
-                       ("oracle-hindsight", {"TTL_POLICY": "never"}),
-                       ("oracle-eq2", {"TTL_POLICY": "never"}), *CANDIDATES.items())
+    for name, base in PINNING.items()
     for label, settings in pressure_variants(name, base, "PRESSURE_POLICY").items()
 }
 
