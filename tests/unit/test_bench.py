@@ -76,8 +76,9 @@ def test_one_shot_columns_from_known_inputs(tmp_path):
     merged = merge_runs([stock, stock], "stock")
     assert len(merged.one_shot) == 10 and len({t.program for t in merged.one_shot}) == 10
     rounds = round_table([[stock, ours]])
-    assert rounds.splitlines()[0].endswith("one-shot p99 TTFT / stock's |")
-    assert rounds.splitlines()[-1].endswith(f"| {19.52 / 4.96:.2f}x |")
+    assert rounds.splitlines()[0].endswith("| one-shot p99 TTFT s | one-shot p99 TTFT / stock's |")
+    (row,) = [r for r in rounds.splitlines() if "| continuum |" in r]
+    assert row.endswith(f"| 2.00x | 100.0% | 19.520 | {19.52 / 4.96:.2f}x |")
     line = one_shot_line(o, s)
     assert "p50 6.000 s, p99 19.520 s" in line and f"({19.52 / 4.96:.2f}x stock's)" in line
 
@@ -107,6 +108,18 @@ def test_replay_sends_one_shot_requests_without_session(monkeypatch):
     assert "session_id" not in by_prompt[40] and "vllm_xargs" not in by_prompt[40]
     assert [p.program for p in run.programs] == ["a"] and [t.program for t in run.turns] == ["a", "a"]
     assert [(t.program, t.prompt_tokens, t.output_tokens) for t in run.one_shot] == [("c", 40, 3)]
+
+
+def test_round_table_gives_each_round_and_the_spread():
+    """Two rounds in alternating order: each round's row, and the spread of the
+    per-round ratios (range and geometric mean), computed here by hand."""
+    rounds = [[_run("stock", 10.0, 32), _run("continuum", 5.0, 110)],
+              [_run("continuum", 16.0, 110), _run("stock", 8.0, 32)]]
+    lines = round_table(rounds).splitlines()
+    assert "| 1 | stock then continuum | continuum | 5.00 | 2.00x | 100.0% |" in lines
+    assert "| 2 | continuum then stock | continuum | 16.00 | 0.50x | 100.0% |" in lines
+    assert lines[-1] == ("continuum: stock / mean JCT by round 0.50x to 2.00x, "
+                         "geometric mean 1.00x over 2 rounds")
 
 
 def test_new_tokens_are_distinct_and_stable():
