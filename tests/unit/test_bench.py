@@ -128,3 +128,41 @@ def test_new_tokens_are_distinct_and_stable():
     assert new_tokens(p, 0, 50, 0) == new_tokens(p, 0, 50, 0)
     assert new_tokens(p, 0, 50, 0) != new_tokens(q, 0, 50, 0)
     assert new_tokens(p, 1, 50, 0) != new_tokens(p, 0, 50, 0)
+
+
+def test_server_counters_from_a_known_exposition(monkeypatch):
+    """What `compare` prints of a continuum server's /metrics: tool calls read (the
+    TTL histogram's count by tool), pins, resumes and releases; nothing for stock."""
+    import httpx
+
+    from vllm_continuum.experiments.live import server_counters
+
+    text = "\n".join([
+        "# TYPE continuum_ttl_seconds histogram",
+        'continuum_ttl_seconds_bucket{model_name="m",tool="grep",le="+Inf"} 3.0',
+        'continuum_ttl_seconds_count{model_name="m",tool="grep"} 3.0',
+        'continuum_ttl_seconds_sum{model_name="m",tool="grep"} 1.5',
+        'continuum_ttl_seconds_count{model_name="m",tool="search"} 2.0',
+        'continuum_ttl_seconds_sum{model_name="m",tool="search"} 0.0',
+        "# TYPE continuum_pins counter",
+        'continuum_pins_total{model_name="m",tool="grep"} 3.0',
+        "# TYPE continuum_resumes counter",
+        'continuum_resumes_total{model_name="m",outcome="pinned"} 2.0',
+        'continuum_resumes_total{model_name="m",outcome="unpinned"} 1.0',
+        "# TYPE continuum_pin_releases counter",
+        'continuum_pin_releases_total{model_name="m",reason="expired"} 1.0',
+        "# TYPE vllm_num_requests_running gauge",
+        'vllm_num_requests_running{model_name="m"} 0.0',
+        "",
+    ])
+    pages = {"http://c/metrics": text, "http://s/metrics": text.split("# TYPE continuum_ttl")[0]
+             + "# TYPE vllm_num_requests_running gauge\nvllm_num_requests_running 0.0\n"}
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(
+        200, text=pages[url], request=httpx.Request("GET", url)))
+    counters = server_counters.continuum_counters("http://c/")
+    assert counters == {"tool_calls_read": {"grep": 3, "search": 2}, "pins": 3,
+                        "resumes": {"pinned": 2, "unpinned": 1}, "releases": {"expired": 1}}
+    assert server_counters.counters_line("continuum", counters) == (
+        "continuum server: read 5 tool calls (grep 3, search 2), pinned 3; "
+        "resumed turns: pinned 2, unpinned 1; pin releases: expired 1")
+    assert server_counters.continuum_counters("http://s") == {}

@@ -32,6 +32,7 @@ from vllm_continuum.experiments.live.flavours import (
     FLAVOURS,
 )
 from vllm_continuum.experiments.live.replay import replay
+from vllm_continuum.experiments.live.server_counters import continuum_counters, counters_line
 from vllm_continuum.experiments.live.turn_body import HINTS_ALL
 from vllm_continuum.experiments.publish import publish_report
 from vllm_continuum.experiments.report import markdown_table, plot_runs, ratio, summarize, write_runs
@@ -157,6 +158,7 @@ def run_compare(
     }
     print(json.dumps({k: v for k, v in setup.items() if k != "command"}, indent=1))
     rounds: list[list[RunResult]] = []
+    counter_lines: list[str] = []
     profile_path = Path(prefill_profile) if prefill_profile else out_dir / "prefill_profile.yaml"
     extra_args = ["--max-model-len", str(max_model_len)]
     setup["repeats"] = repeats
@@ -195,6 +197,12 @@ def run_compare(
                          seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-",
                          hints=hints)
             run.meta["round"] = round_no + 1
+            if flavour.server == "continuum":
+                run.meta["server_counters"] = continuum_counters(server.base_url)
+                if run.meta["server_counters"]:
+                    counter_lines.append(f"round {round_no + 1}, " + counters_line(
+                        name, run.meta["server_counters"]))
+                    print(f"[compare] {counter_lines[-1]}", flush=True)
             rounds[round_no].append(run)
         finally:
             server.stop()
@@ -204,6 +212,9 @@ def run_compare(
     if repeats > 1:
         text += "\n\n" + round_table(rounds)
         (out_dir / "rounds.md").write_text(round_table(rounds) + "\n")
+    if counter_lines:
+        text += "\n\nWhat each continuum server counted (its /metrics at the end of its replay):\n"
+        text += "\n".join(f"- {line}" for line in counter_lines)
     print(text)
     if publish:
         publish_report(publish, text, command)
