@@ -11,7 +11,7 @@ one run are reported. With a mixed workload (`--workload cpu-mixed`), the
 one-shot requests' TTFT (p50, p99, and p99 over stock's) is reported beside
 the agents' figures. `--hints none` replays without any continuum hint
 (turn_body.py); `--continuum-settings` adds settings to every continuum
-flavour.s (flavours.py).
+flavour's (flavours.py).
 """
 
 from __future__ import annotations
