@@ -10,7 +10,7 @@ import yaml
 from tests.scheduler.test_sim import SMALL
 
 from vllm_continuum.experiments.sim.matrix import (
-    CellSpec, MatrixSpec, cell_summary, load_matrix, run_matrix,
+    CellSpec, MatrixSpec, cell_summary, load_matrix, render_matrix, run_matrix, targets_table,
 )
 
 
@@ -56,3 +56,18 @@ def test_a_tiny_matrix_end_to_end(tmp_path):
     assert run_matrix(spec, tmp_path / "two", jobs=2) == 0
     rows = [json.loads((tmp_path / d / "matrix.json").read_text())["rows"] for d in ("one", "two")]
     assert len(rows[0]) == 6 and rows[0] == rows[1]
+    # The report again from the rows, with the targets of one policy checked.
+    assert render_matrix(rows[0], tmp_path / "again", target_policy="continuum-pressure") == 0
+    again = (tmp_path / "again" / "matrix.md").read_text()
+    assert "### Targets for `continuum-pressure`" in again and "| cpu-agent heavy" in again
+
+
+def test_targets_by_hand():
+    summary = {"gain": 1.2, "worst": 0.97, "vs_best": 1.04, "one_shot_p99_vs_stock": 1.2,
+               "preemptions": 3}
+    cells = {"c": {"stock": {**summary, "gain": 1.0, "worst": 1.0, "vs_best": 1.2,
+                             "preemptions": 2}, "p": summary}}
+    row = targets_table(cells, "p")[-1]
+    assert "| 1.040x (p) |" in row  # p is the best in its cell
+    assert row.endswith("worst seed >= 0.98x stock; one-shot p99 TTFT <= 1.10x stock; "
+                        "preemptions <= stock's |")

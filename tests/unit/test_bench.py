@@ -76,8 +76,9 @@ def test_one_shot_columns_from_known_inputs(tmp_path):
     merged = merge_runs([stock, stock], "stock")
     assert len(merged.one_shot) == 10 and len({t.program for t in merged.one_shot}) == 10
     rounds = round_table([[stock, ours]])
-    assert rounds.splitlines()[0].endswith("one-shot p99 TTFT / stock's |")
-    assert rounds.splitlines()[-1].endswith(f"| {19.52 / 4.96:.2f}x |")
+    assert rounds.splitlines()[0].endswith("| one-shot p99 TTFT s | one-shot p99 TTFT / stock's |")
+    (row,) = [r for r in rounds.splitlines() if "| continuum |" in r]
+    assert row.endswith(f"| 2.00x | 100.0% | 19.520 | {19.52 / 4.96:.2f}x |")
     line = one_shot_line(o, s)
     assert "p50 6.000 s, p99 19.520 s" in line and f"({19.52 / 4.96:.2f}x stock's)" in line
 
@@ -109,9 +110,59 @@ def test_replay_sends_one_shot_requests_without_session(monkeypatch):
     assert [(t.program, t.prompt_tokens, t.output_tokens) for t in run.one_shot] == [("c", 40, 3)]
 
 
+def test_round_table_gives_each_round_and_the_spread():
+    """Two rounds in alternating order: each round's row, and the spread of the
+    per-round ratios (range and geometric mean), computed here by hand."""
+    rounds = [[_run("stock", 10.0, 32), _run("continuum", 5.0, 110)],
+              [_run("continuum", 16.0, 110), _run("stock", 8.0, 32)]]
+    lines = round_table(rounds).splitlines()
+    assert "| 1 | stock then continuum | continuum | 5.00 | 2.00x | 100.0% |" in lines
+    assert "| 2 | continuum then stock | continuum | 16.00 | 0.50x | 100.0% |" in lines
+    assert lines[-1] == ("continuum: stock / mean JCT by round 0.50x to 2.00x, "
+                         "geometric mean 1.00x over 2 rounds")
+
+
 def test_new_tokens_are_distinct_and_stable():
     p = Program("a", 0.0, (Turn(10, 2),))
     q = Program("b", 0.0, (Turn(10, 2),))
     assert new_tokens(p, 0, 50, 0) == new_tokens(p, 0, 50, 0)
     assert new_tokens(p, 0, 50, 0) != new_tokens(q, 0, 50, 0)
     assert new_tokens(p, 1, 50, 0) != new_tokens(p, 0, 50, 0)
+
+
+def test_server_counters_from_a_known_exposition(monkeypatch):
+    """What `compare` prints of a continuum server's /metrics: tool calls read (the
+    TTL histogram's count by tool), pins, resumes and releases; nothing for stock."""
+    import httpx
+
+    from vllm_continuum.experiments.live import server_counters
+
+    text = "\n".join([
+        "# TYPE continuum_ttl_seconds histogram",
+        'continuum_ttl_seconds_bucket{model_name="m",tool="grep",le="+Inf"} 3.0',
+        'continuum_ttl_seconds_count{model_name="m",tool="grep"} 3.0',
+        'continuum_ttl_seconds_sum{model_name="m",tool="grep"} 1.5',
+        'continuum_ttl_seconds_count{model_name="m",tool="search"} 2.0',
+        'continuum_ttl_seconds_sum{model_name="m",tool="search"} 0.0',
+        "# TYPE continuum_pins counter",
+        'continuum_pins_total{model_name="m",tool="grep"} 3.0',
+        "# TYPE continuum_resumes counter",
+        'continuum_resumes_total{model_name="m",outcome="pinned"} 2.0',
+        'continuum_resumes_total{model_name="m",outcome="unpinned"} 1.0',
+        "# TYPE continuum_pin_releases counter",
+        'continuum_pin_releases_total{model_name="m",reason="expired"} 1.0',
+        "# TYPE vllm_num_requests_running gauge",
+        'vllm_num_requests_running{model_name="m"} 0.0',
+        "",
+    ])
+    pages = {"http://c/metrics": text, "http://s/metrics": text.split("# TYPE continuum_ttl")[0]
+             + "# TYPE vllm_num_requests_running gauge\nvllm_num_requests_running 0.0\n"}
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(
+        200, text=pages[url], request=httpx.Request("GET", url)))
+    counters = server_counters.continuum_counters("http://c/")
+    assert counters == {"tool_calls_read": {"grep": 3, "search": 2}, "pins": 3,
+                        "resumes": {"pinned": 2, "unpinned": 1}, "releases": {"expired": 1}}
+    assert server_counters.counters_line("continuum", counters) == (
+        "continuum server: read 5 tool calls (grep 3, search 2), pinned 3; "
+        "resumed turns: pinned 2, unpinned 1; pin releases: expired 1")
+    assert server_counters.continuum_counters("http://s") == {}

@@ -47,8 +47,10 @@ ALLOWED = {
     "adapter": ("vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.adapter",
                 "vllm_continuum.metrics"),
     "metrics": ("vllm_continuum.metrics", "vllm_continuum.core"),
+    # live/ reads a server's /metrics by the names the collector exports (constants only).
     "experiments/live": ("vllm_continuum.experiments.live", "vllm_continuum.experiments.",
-                         "vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.tools"),
+                         "vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.tools",
+                         "vllm_continuum.metrics.names"),
     "experiments/sim": ("vllm_continuum.experiments.sim", "vllm_continuum.experiments.",
                         "vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.adapter",
                         "vllm_continuum.metrics", "vllm_continuum.tools"),

@@ -19,8 +19,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     return run_bench(
         args.url, args.workload, args.out, label=args.label, num_programs=args.programs,
-        rate=args.rate, seed=args.seed, time_scale=args.time_scale, command=command_line(),
-        publish=args.publish,
+        rate=args.rate, seed=args.seed, time_scale=args.time_scale, hints=args.hints,
+        command=command_line(), publish=args.publish,
     )
 
 
@@ -32,8 +32,21 @@ def _compare(args: argparse.Namespace) -> int:
         num_layers=args.layers, num_blocks=args.num_blocks, max_model_len=args.max_model_len,
         num_programs=args.programs, rate=args.rate, seed=args.seed,
         time_scale=args.time_scale, prefill_profile=args.prefill_profile,
-        repeats=args.repeats, command=command_line(), publish=args.publish,
+        repeats=args.repeats, hints=args.hints, continuum_settings=args.continuum_settings,
+        command=command_line(), publish=args.publish,
     )
+
+
+def hints_arg(p: argparse.ArgumentParser) -> None:
+    from vllm_continuum.experiments.live.turn_body import HINT_MODES, HINTS_ALL
+
+    p.add_argument(
+        "--hints", choices=HINT_MODES, default=HINTS_ALL,
+        help="all (default): agent turns carry the continuum hints (continuum_tool, "
+             "continuum_last_turn in vllm_xargs) and fixed output lengths; none: only the "
+             "session id (session_id and X-Session-ID), a tool turn has the engine write a "
+             "<tool_call>{\"name\": ...} call through structured outputs, which the server "
+             "reads by itself, and a session ends by the idle horizon")
 
 
 def register(subparsers) -> None:
@@ -43,6 +56,7 @@ def register(subparsers) -> None:
         DEFAULT_NUM_BLOCKS,
         DEFAULT_WORKLOAD,
         FLAVOURS,
+        continuum_settings_arg,
     )
 
     p = subparsers.add_parser("bench", help="replay an agent workload against a running server")
@@ -51,6 +65,7 @@ def register(subparsers) -> None:
     p.add_argument("--label", default="server")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply arrival times and tool durations")
+    hints_arg(p)
     p.add_argument("--out", type=Path, default=Path("runs/bench"))
     publish_arg(p)
     p.set_defaults(run=_bench)
@@ -68,7 +83,13 @@ def register(subparsers) -> None:
     p.add_argument("--prefill-profile", type=Path,
                    help="profile YAML for continuum (default: measured on the first server)")
     p.add_argument("--repeats", type=int, default=1,
-                   help="rounds of the flavours, in alternating order (A B, B A, ...)")
+                   help="rounds of the flavours, in alternating order (A B, B A, ...); the "
+                        "report gives each round's figures and the spread")
+    hints_arg(p)
+    p.add_argument("--continuum-settings", type=continuum_settings_arg, metavar="JSON",
+                   help="continuum settings for every continuum flavour, over the benchmark's "
+                        "and the flavour's own, e.g. '{\"pin_cost\": \"pressure\"}' "
+                        "(docs/configuration.md)")
     p.add_argument("--out", type=Path, default=Path("runs/compare"))
     publish_arg(p)
     p.set_defaults(run=_compare)

@@ -9,12 +9,15 @@ profile`'s measurement) and gives that profile to the continuum servers, as
 an operator would. Timings on a shared CPU are noisy: only ratios measured in
 one run are reported. With a mixed workload (`--workload cpu-mixed`), the
 one-shot requests' TTFT (p50, p99, and p99 over stock's) is reported beside
-the agents' figures.
+the agents' figures. `--hints none` replays without any continuum hint
+(turn_body.py); `--continuum-settings` adds settings to every continuum
+flavour's (flavours.py).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -29,6 +32,8 @@ from vllm_continuum.experiments.live.flavours import (
     FLAVOURS,
 )
 from vllm_continuum.experiments.live.replay import replay
+from vllm_continuum.experiments.live.server_counters import continuum_counters, counters_line
+from vllm_continuum.experiments.live.turn_body import HINTS_ALL
 from vllm_continuum.experiments.publish import publish_report
 from vllm_continuum.experiments.report import markdown_table, plot_runs, ratio, summarize, write_runs
 from vllm_continuum.experiments.results import RunResult
@@ -42,6 +47,9 @@ def _report(runs: Sequence[RunResult], out_dir: Path, baseline: str | None, extr
     plots = plot_runs(runs, out_dir / "plots", title=extra.get("workload", ""))
     (out_dir / "table.md").write_text(table + "\n")
     lines = [table, ""]
+    if extra.get("hints"):
+        lines.append(f"client hints: {extra['hints']} (`--hints`; none: only the session id, "
+                     "the server reads tool calls from the output)")
     base = next((s for s in summaries if s["label"] == baseline), None)
     for s in summaries:
         lines.append(
@@ -73,14 +81,16 @@ def run_bench(
     rate: float | None = None,
     seed: int | None = None,
     time_scale: float = 1.0,
+    hints: str = HINTS_ALL,
     command: str = "",
     publish: str | None = None,
 ) -> int:
     """Replay a workload against one running OpenAI-compatible server."""
     trace = load_trace(workload, num_programs=num_programs, arrival_rate=rate, seed=seed)
-    run = replay(url, trace, label=label, time_scale=time_scale, seed=trace.meta.get("seed", 0))
+    run = replay(url, trace, label=label, time_scale=time_scale, seed=trace.meta.get("seed", 0),
+                 hints=hints)
     text = _report([run], out_dir, None, {"workload": workload, "command": command,
-                                          "trace": trace.summary()})
+                                          "trace": trace.summary(), "hints": hints})
     print(text)
     if publish:
         publish_report(publish, text, command)
@@ -107,6 +117,8 @@ def run_compare(
     prefill_profile: Path | None = None,
     profile_lengths: Sequence[int] = (128, 256, 512, 1024, 2048),
     repeats: int = 1,
+    hints: str = HINTS_ALL,
+    continuum_settings: dict | None = None,
     command: str = "",
     publish: str | None = None,
 ) -> int:
@@ -140,10 +152,13 @@ def run_compare(
         "max_model_len": max_model_len,
         "flavours": {f: FLAVOURS[f].settings for f in flavours},
         "common_continuum_settings": COMMON_CONTINUUM_SETTINGS,
+        "continuum_settings": continuum_settings or {},
         "time_scale": time_scale,
+        "hints": hints,
     }
     print(json.dumps({k: v for k, v in setup.items() if k != "command"}, indent=1))
     rounds: list[list[RunResult]] = []
+    counter_lines: list[str] = []
     profile_path = Path(prefill_profile) if prefill_profile else out_dir / "prefill_profile.yaml"
     extra_args = ["--max-model-len", str(max_model_len)]
     setup["repeats"] = repeats
@@ -156,7 +171,7 @@ def run_compare(
         settings = {}
         if flavour.server == "continuum":
             settings = {**COMMON_CONTINUUM_SETTINGS, **flavour.settings,
-                        "prefill_profile": str(profile_path)}
+                        **(continuum_settings or {}), "prefill_profile": str(profile_path)}
         server = flavour_server(
             flavour.server, model, out_dir / "logs", num_blocks=num_blocks,
             settings=settings, extra_args=extra_args,
@@ -179,8 +194,15 @@ def run_compare(
                 # Let the profile's traffic leave the pool as any idle period would: it
                 # stays cached (evictable), as it would on a server that had run before.
             run = replay(server.base_url, trace, label=name, time_scale=time_scale,
-                         seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-")
+                         seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-",
+                         hints=hints)
             run.meta["round"] = round_no + 1
+            if flavour.server == "continuum":
+                run.meta["server_counters"] = continuum_counters(server.base_url)
+                if run.meta["server_counters"]:
+                    counter_lines.append(f"round {round_no + 1}, " + counters_line(
+                        name, run.meta["server_counters"]))
+                    print(f"[compare] {counter_lines[-1]}", flush=True)
             rounds[round_no].append(run)
         finally:
             server.stop()
@@ -190,6 +212,9 @@ def run_compare(
     if repeats > 1:
         text += "\n\n" + round_table(rounds)
         (out_dir / "rounds.md").write_text(round_table(rounds) + "\n")
+    if counter_lines:
+        text += "\n\nWhat each continuum server counted (its /metrics at the end of its replay):\n"
+        text += "\n".join(f"- {line}" for line in counter_lines)
     print(text)
     if publish:
         publish_report(publish, text, command)
@@ -211,11 +236,13 @@ def merge_runs(runs: Sequence[RunResult], label: str) -> RunResult:
 
 
 def round_table(rounds: Sequence[Sequence[RunResult]]) -> str:
-    """Each round's ratios to stock (and, with one-shot traffic, its one-shot p99 TTFT's)."""
+    """Each round's figures and ratios to stock (with one-shot traffic, its one-shot
+    p99 TTFT and that over stock's), then each flavour's spread over the rounds."""
     one_shot = any(r.one_shot for rnd in rounds for r in rnd)
     head = ["round", "order", "run", "mean JCT s", "stock / mean JCT", "reuse of prev prompt"]
-    head += ["one-shot p99 TTFT / stock's"] if one_shot else []
+    head += ["one-shot p99 TTFT s", "one-shot p99 TTFT / stock's"] if one_shot else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    jct_ratios: dict[str, list[float]] = {}
     for i, rnd in enumerate(rounds, 1):
         sums = [summarize(r) for r in rnd]
         base = next((s for s in sums if s["label"] == "stock"), None)
@@ -225,7 +252,14 @@ def round_table(rounds: Sequence[Sequence[RunResult]]) -> str:
                      ratio(base["jct_mean_s"], s["jct_mean_s"]) if base else "",
                      f"{s['reuse_of_prev_prompt']:.1%}"]
             if one_shot:
-                cells += [ratio(s["one_shot_ttft_p99_s"], base["one_shot_ttft_p99_s"]) if base else ""]
+                cells += [f"{s['one_shot_ttft_p99_s']:.3f}",
+                          ratio(s["one_shot_ttft_p99_s"], base["one_shot_ttft_p99_s"]) if base else ""]
             lines.append("| " + " | ".join(cells) + " |")
+            if base and s is not base and s["jct_mean_s"]:
+                jct_ratios.setdefault(s["label"], []).append(base["jct_mean_s"] / s["jct_mean_s"])
+    lines += [""] if jct_ratios else []
+    for label, values in jct_ratios.items():
+        geo = math.exp(sum(math.log(v) for v in values) / len(values))
+        lines.append(f"{label}: stock / mean JCT by round {min(values):.2f}x to {max(values):.2f}x, "
+                     f"geometric mean {geo:.2f}x over {len(values)} rounds")
     return "\n".join(lines)
-

@@ -37,3 +37,26 @@ COMMON_CONTINUUM_SETTINGS = {
     "max_session_pinned_fraction": 0.4,
     "cold_start_samples": 20,
 }
+
+
+def continuum_settings_arg(text: str) -> dict:
+    """`--continuum-settings`: a JSON object of continuum settings (config.py's
+    fields), checked here so that a typo fails before any server starts."""
+    import argparse
+    import json
+
+    from vllm_continuum.config import ConfigError, load_config
+
+    try:
+        settings = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"not JSON ({exc}); give an object, e.g. '{{\"pin_cost\": \"pressure\"}}'") from exc
+    if not isinstance(settings, dict):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a JSON object; give one, e.g. '{{\"pin_cost\": \"pressure\"}}'")
+    try:
+        load_config(use_env=False, **settings)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"invalid continuum settings: {exc}") from exc
+    return settings

@@ -4,11 +4,13 @@ Each program runs as its own task: it waits for its arrival time, then sends
 its turns one after another to `/v1/completions` with token-id prompts that
 grow exactly as an agent's history does (the previous prompt, the tokens the
 server actually generated, then the turn's new tokens), and sleeps its tool
-durations in between. Output lengths are fixed with `max_tokens` and
-`ignore_eos`. Every request carries the program's `session_id` (body field and
-`X-Session-ID` header, which routers hash) and the
-continuum hints (`continuum_tool` on a turn that calls a tool,
-`continuum_last_turn` on the last); stock vLLM ignores them.
+durations in between. Every request carries the program's `session_id` (body
+field and `X-Session-ID` header, which routers hash). With `hints="all"` (the
+default) it also carries the continuum hints (`continuum_tool` on a turn that
+calls a tool, `continuum_last_turn` on the last; stock vLLM ignores them) and
+its output length is fixed with `max_tokens` and `ignore_eos`; with
+`hints="none"` it carries no hint, and a turn that calls a tool has the
+engine write the call, which the server reads by itself (turn_body.py).
 
 A one-shot request (chat traffic, trace_format.py) is sent at its arrival like a
 program's only turn, but without a `session_id` or hints: to the server it
@@ -31,8 +33,15 @@ import httpx
 from tqdm import tqdm
 
 from vllm_continuum.core.hints import SESSION_HEADER
+from vllm_continuum.experiments.live.turn_body import (
+    HINTS_ALL,
+    HINTS_NONE,
+    TOOL_CALL_TOKEN,
+    ToolCallText,
+    turn_body,
+)
 from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
-from vllm_continuum.experiments.trace_format import Program, Trace, Turn, continuum_hints
+from vllm_continuum.experiments.trace_format import Program, Trace
 
 TOKEN_RANGE = (300, 2000)  # ordinary tokens of the project's tokenizers: no special ones
 
@@ -93,6 +102,9 @@ async def _run_program(
     time_scale: float,
     seed: int,
     session_prefix: str,
+    hints: str,
+    calls: dict[str, ToolCallText],
+    call_token_id: int | None,
 ) -> None:
     arrival = program.arrival_s * time_scale
     await asyncio.sleep(max(0.0, started + arrival - time.perf_counter()))
@@ -101,18 +113,10 @@ async def _run_program(
     session = f"{session_prefix}{program.id}"
     for k, turn in enumerate(program.turns):
         history += new_tokens(program, k, turn.new_tokens, seed)
-        body = {
-            "model": model,
-            "prompt": history,
-            "max_tokens": turn.output_tokens,
-            "min_tokens": turn.output_tokens,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "return_token_ids": True,
-            **({} if program.one_shot else session_fields(session, turn)),
-        }
+        body = turn_body(
+            model, history, turn, session=None if program.one_shot else session, hints=hints,
+            call=calls.get(turn.tool), call_token_id=call_token_id,
+        )
         sent_s = time.perf_counter() - started
         ttft, end_s, ids, usage = await _send_turn(client, body, started)
         details = usage.get("prompt_tokens_details") or {}
@@ -140,10 +144,31 @@ async def _run_program(
         result.programs.append(ProgramRecord(program.id, arrival, end_s, len(program.turns)))
 
 
-def session_fields(session: str, turn: Turn) -> dict:
-    """What an agent's request carries and a one-shot request does not: its
-    session and the continuum hints (stock vLLM ignores them)."""
-    return {"session_id": session, "vllm_xargs": continuum_hints(turn)}
+async def _token_ids(client: httpx.AsyncClient, model: str, text: str) -> tuple[int, ...]:
+    response = await client.post("/tokenize", json={"model": model, "prompt": text,
+                                                    "add_special_tokens": False})
+    response.raise_for_status()
+    return tuple(response.json()["tokens"])
+
+
+async def tool_call_texts(
+    client: httpx.AsyncClient, model: str, tools: set[str]
+) -> tuple[dict[str, ToolCallText], int]:
+    """Each tool's call text with the server tokenizer's ids for it, and the id of
+    the tool-call token (asked before the replay starts, so outside its timing)."""
+    call_ids = await _token_ids(client, model, TOOL_CALL_TOKEN)
+    if len(call_ids) != 1:
+        raise RuntimeError(
+            f"the served model's tokenizer has no single {TOOL_CALL_TOKEN!r} token (it gives "
+            f"{list(call_ids)}): --hints none needs a model whose tokenizer has it, as the "
+            "benchmark and tiny models' do, since the server reads tool calls by that token"
+        )
+    calls = {}
+    for tool in sorted(tools):
+        head, tail = ToolCallText.texts(tool)
+        calls[tool] = ToolCallText(tool, head, tail, await _token_ids(client, model, head),
+                                   await _token_ids(client, model, tail))
+    return calls, call_ids[0]
 
 
 async def replay_async(
@@ -156,6 +181,7 @@ async def replay_async(
     timeout_s: float = 3600.0,
     session_prefix: str = "",
     progress: bool = True,
+    hints: str = HINTS_ALL,
 ) -> RunResult:
     result = RunResult(label=label, started_at=time.time(), duration_s=0.0)
     limits = httpx.Limits(max_connections=len(trace) + 4, max_keepalive_connections=len(trace) + 4)
@@ -163,6 +189,10 @@ async def replay_async(
         base_url=base_url.rstrip("/"), timeout=httpx.Timeout(timeout_s), limits=limits
     ) as client:
         model = await _served_model(client)
+        calls, call_token_id = {}, None
+        if hints == HINTS_NONE:
+            tools = {t.tool for p in trace for t in p.turns if t.tool}
+            calls, call_token_id = await tool_call_texts(client, model, tools)
         total_turns = sum(len(p.turns) for p in trace)
         with tqdm(total=total_turns, desc=f"replay {label}", unit="turn", disable=not progress) as bar:
             started = time.perf_counter()
@@ -171,6 +201,7 @@ async def replay_async(
                     _run_program(
                         client, model, p, started, result, bar,
                         time_scale=time_scale, seed=seed, session_prefix=session_prefix,
+                        hints=hints, calls=calls, call_token_id=call_token_id,
                     )
                 )
                 for p in trace
@@ -181,7 +212,8 @@ async def replay_async(
                 except Exception as exc:  # noqa: BLE001 - one failed program must not hide the others
                     result.errors.append(f"{program.id}: {type(exc).__name__}: {exc}")
             result.duration_s = time.perf_counter() - started
-    result.meta.update({"base_url": base_url, "model": model, "time_scale": time_scale, "seed": seed})
+    result.meta.update({"base_url": base_url, "model": model, "time_scale": time_scale, "seed": seed,
+                        "hints": hints})
     result.sort()
     return result
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from vllm_continuum.experiments.cli import command_line, publish_arg, workload_args
@@ -43,11 +44,16 @@ def _sim(args: argparse.Namespace) -> int:
 def _matrix(args: argparse.Namespace) -> int:
     from vllm_continuum.experiments.sim.matrix import load_matrix, run_matrix
 
+    if args.from_json:
+        from vllm_continuum.experiments.sim.matrix import render_matrix
+
+        rows = json.loads(args.from_json.read_text())["rows"]
+        return render_matrix(rows, args.out, command=command_line(), target_policy=args.targets)
     spec = load_matrix(args.config)
     if args.only:
         spec = spec.model_copy(update={"cells": [c for c in spec.cells if c.workload in args.only]})
     return run_matrix(spec, args.out, quick=args.quick, load=args.load, policies=args.policies,
-                      command=command_line(), jobs=args.jobs)
+                      command=command_line(), jobs=args.jobs, target_policy=args.targets)
 
 
 def _overhead(args: argparse.Namespace) -> int:
@@ -108,6 +114,11 @@ def register(subparsers) -> None:
     p.add_argument("--load", help="only this load of each cell (none, moderate, heavy)")
     p.add_argument("--policies", nargs="+", help="default: the grid's")
     p.add_argument("--out", type=Path, default=Path("runs/matrix"))
+    p.add_argument("--targets", metavar="POLICY",
+                   help="print the issue's targets for this policy, cell by cell "
+                        "(default: `default`, if it ran)")
+    p.add_argument("--from-json", type=Path, metavar="MATRIX_JSON",
+                   help="do not run: render the report of an earlier run's matrix.json into --out")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes running (cell, seed) tasks side by side (results do not depend on it)")
     p.set_defaults(run=_matrix)

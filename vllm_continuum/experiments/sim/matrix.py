@@ -10,12 +10,14 @@ cell, for each policy, over the seeds:
   seed's ratio (the target: >= 0.98x in every cell);
 - vs best: the policy's geometric-mean JCT over the best policy's in that
   cell, in hindsight (the target: within 5%);
-- vs oracle: the same over `oracle`'s;
+- vs oracle: the same over `oracle`'s, and over `oracle-hindsight`'s (oracle.py);
 - one-shot p99 TTFT over stock's (geometric mean; cells with chat traffic);
 - preemptions over all seeds, against stock's.
 
 The grid is `experiments/configs/matrix.yaml`; `--quick` runs its quick
-subset (one seed, one load per cell) for iteration.
+subset (one seed, one load per cell) for iteration. `--targets POLICY` adds
+the issue's targets checked for that policy, cell by cell; `--from-json`
+renders an earlier run's rows again.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def cell_summary(rows: list[dict]) -> dict[str, dict]:
             "worst": min(ratios, default=float("nan")),
             "vs_best": jct[p] / best,
             "vs_oracle": jct[p] / jct["oracle"] if "oracle" in jct else float("nan"),
+            "vs_hindsight": (jct[p] / jct["oracle-hindsight"] if "oracle-hindsight" in jct
+                             else float("nan")),
             "one_shot_p99_vs_stock": geomean(one_shot),
             "preemptions": sum(by[(p, s)]["preemptions"] for s in seeds),
         }
@@ -103,13 +107,46 @@ def cell_table(name: str, summary: dict[str, dict], occupancy: float) -> list[st
     stock = summary.get("stock", {}).get("preemptions")
     lines = [f"### {name} (stock's KV pool used {occupancy:.0%} on average)", "",
              "| policy | stock / JCT (geo. mean) | worst seed | JCT / best | JCT / oracle "
-             "| one-shot p99 TTFT / stock | preemptions (stock) |",
-             "|---|---|---|---|---|---|---|"]
+             "| JCT / oracle-hindsight | one-shot p99 TTFT / stock | preemptions (stock) |",
+             "|---|---|---|---|---|---|---|---|"]
     for p, s in summary.items():
         lines.append(
             f"| {p} | {_fmt(s['gain'], '{:.3f}x')} | {_fmt(s['worst'])} | "
             f"{_fmt(s['vs_best'], '{:.3f}x')} | {_fmt(s['vs_oracle'], '{:.3f}x')} | "
+            f"{_fmt(s.get('vs_hindsight', math.nan), '{:.3f}x')} | "
             f"{_fmt(s['one_shot_p99_vs_stock'])} | {s['preemptions']} ({stock}) |"
+        )
+    return lines
+
+
+# Issue 12's targets for the default policy, per cell.
+TARGETS = {
+    "worst": ("worst seed >= 0.98x stock", lambda s, stock: s["worst"] >= 0.98),
+    "vs_best": ("within 5% of the best", lambda s, stock: s["vs_best"] <= 1.05),
+    "one_shot": ("one-shot p99 TTFT <= 1.10x stock",
+                 lambda s, stock: not math.isfinite(s["one_shot_p99_vs_stock"])
+                 or s["one_shot_p99_vs_stock"] <= 1.10),
+    "preemptions": ("preemptions <= stock's", lambda s, stock: s["preemptions"] <= stock),
+}
+
+
+def targets_table(cells: dict[str, dict[str, dict]], policy: str) -> list[str]:
+    """For `policy`, each cell's figures against the targets (met or missed), and
+    which policy was best there."""
+    head = ["cell", "stock / JCT", "worst seed", "JCT / best (best)", "one-shot p99 / stock",
+            "preemptions (stock)", "targets missed"]
+    lines = [f"### Targets for `{policy}`", "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    for name, summary in cells.items():
+        if policy not in summary:
+            continue
+        s, stock = summary[policy], summary.get("stock", {}).get("preemptions", 0)
+        best = min(summary, key=lambda p: summary[p]["vs_best"])
+        missed = [label for label, check in TARGETS.values() if not check(s, stock)]
+        lines.append(
+            f"| {name} | {_fmt(s['gain'], '{:.3f}x')} | {_fmt(s['worst'])} | "
+            f"{_fmt(s['vs_best'], '{:.3f}x')} ({best}) | {_fmt(s['one_shot_p99_vs_stock'])} | "
+            f"{s['preemptions']} ({stock}) | {'; '.join(missed) or 'none'} |"
         )
     return lines
 
@@ -158,6 +195,7 @@ def cell_name(cell: CellSpec, load: str, rate: float) -> str:
 def run_matrix(
     spec: MatrixSpec, out_dir: Path, *, quick: bool = False, load: str | None = None,
     policies: Sequence[str] | None = None, command: str = "", jobs: int = 1,
+    target_policy: str | None = None,
 ) -> int:
     """Every (cell, seed) is one task, run in `jobs` processes; the report keeps
     the grid's order whatever order the tasks finish in."""
@@ -185,21 +223,36 @@ def run_matrix(
                     results[futures[future]] = future.result()
                     bar.update()
     rows = [r for i in range(len(tasks)) for r in results[i]]
+    (out_dir / "matrix.json").write_text(json.dumps({"rows": rows, "seeds": seeds}, indent=1))
+    footer = [f"total wall time: {time.perf_counter() - started:.0f} s in {max(jobs, 1)} processes"]
+    return render_matrix(rows, out_dir, quick=quick, command=command, footer=footer,
+                         target_policy=target_policy)
+
+
+def render_matrix(
+    rows: list[dict], out_dir: Path, *, quick: bool = False, command: str = "",
+    target_policy: str | None = None, footer: Sequence[str] = (),
+) -> int:
+    """The report of a run's rows (also re-rendered from its matrix.json):
+    a table per cell in the grid's order, the targets table of `target_policy`
+    (default: `default` if it ran, else none), the heat map."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seeds = sorted({r["seed"] for r in rows})
     cells: dict[str, dict[str, dict]] = {}
     text = [f"# Measurement matrix ({'quick subset: ' if quick else ''}seeds {seeds})", ""]
-    for cell, ld, rate in grid:
-        name = cell_name(cell, ld, rate)
+    for name in dict.fromkeys(r["cell"] for r in rows):
         cell_rows = [r for r in rows if r["cell"] == name]
         cells[name] = cell_summary(cell_rows)
         stock = [r["pool_usage_mean"] for r in cell_rows if r["label"] == "stock"]
         text += cell_table(name, cells[name], sum(stock) / len(stock) if stock else math.nan) + [""]
+    target_policy = target_policy or ("default" if any(r["label"] == "default" for r in rows) else None)
+    if target_policy:
+        text += targets_table(cells, target_policy) + [""]
     heatmap = plot_heatmap(cells, out_dir / "matrix_heatmap.png")
-    text += [f"heat map: {heatmap}",
-             f"total wall time: {time.perf_counter() - started:.0f} s in {max(jobs, 1)} processes",
-             f"reproduce: {command or 'vllm-continuum matrix'}"]
+    text += [f"heat map: {heatmap}", *footer, f"reproduce: {command or 'vllm-continuum matrix'}"]
     report = "\n".join(text)
     (out_dir / "matrix.md").write_text(report + "\n")
-    (out_dir / "matrix.json").write_text(json.dumps({"rows": rows, "cells": cells}, indent=1))
+    (out_dir / "cells.json").write_text(json.dumps(cells, indent=1))
     print(report)
     return 0
 

@@ -1,0 +1,57 @@
+"""What a continuum server says it did during a replay, from its `/metrics`.
+
+Without client hints the server must read each tool call from the output
+itself; its own counters show whether it did: how many finished tool-call
+turns it decided a TTL for (the TTL histogram's count, by tool), how many of
+those it pinned, and how the resumed turns found their session (pinned or
+not). `compare` scrapes them when a continuum flavour's replay ends, before
+the server stops, and prints them beside the client's figures.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import httpx
+
+from vllm_continuum.metrics.names import PIN_RELEASES, PINS, RESUMES, TTL_SECONDS
+
+
+def continuum_counters(base_url: str, timeout_s: float = 10.0) -> dict:
+    """The server's totals: tool calls read (by tool), pins, resumes by outcome,
+    pin releases by reason. Empty on a server without continuum's metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
+    response.raise_for_status()
+    calls: Counter[str] = Counter()
+    resumes: Counter[str] = Counter()
+    releases: Counter[str] = Counter()
+    pins = 0.0
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == f"{TTL_SECONDS}_count":
+                calls[sample.labels.get("tool", "")] += sample.value
+            elif sample.name == f"{PINS}_total":
+                pins += sample.value
+            elif sample.name == f"{RESUMES}_total":
+                resumes[sample.labels.get("outcome", "")] += sample.value
+            elif sample.name == f"{PIN_RELEASES}_total":
+                releases[sample.labels.get("reason", "")] += sample.value
+    if not calls and not pins and not resumes:
+        return {}
+    return {"tool_calls_read": _as_ints(calls), "pins": int(pins), "resumes": _as_ints(resumes),
+            "releases": _as_ints(releases)}
+
+
+def _as_ints(counts: Counter[str]) -> dict[str, int]:
+    return {key: int(n) for key, n in sorted(counts.items()) if n}
+
+
+def counters_line(label: str, counters: dict) -> str:
+    calls = counters["tool_calls_read"]
+    by_tool = ", ".join(f"{tool} {n}" for tool, n in calls.items())
+    resumes = ", ".join(f"{k} {n}" for k, n in counters["resumes"].items()) or "none"
+    releases = ", ".join(f"{k} {n}" for k, n in counters["releases"].items()) or "none"
+    return (f"{label} server: read {sum(calls.values())} tool calls ({by_tool or 'none'}), "
+            f"pinned {counters['pins']}; resumed turns: {resumes}; pin releases: {releases}")
