@@ -46,7 +46,7 @@ STEP_S = 0.05  # the synthetic engine's step time: waiting bounds run out in ste
 
 def scheduler_machine(
     model_dir: str, pressure_policy: str, async_scheduling: bool, seen: Counter,
-    scheduling_policy: str = "fcfs",
+    scheduling_policy: str = "fcfs", ttl_policy: str = "fixed",
 ):
     """`seen` accumulates what the runs exercised, so the test can show the
     invariants were checked on pins, releases and preemptions, not on nothing."""
@@ -56,16 +56,18 @@ def scheduler_machine(
         def build(self):
             harness._ids = itertools.count()  # request ids (queue tie-breaks) as in a lone run
             os.environ["CONTINUUM_PRESSURE_POLICY"] = pressure_policy
-            os.environ["CONTINUUM_TTL_POLICY"] = "fixed"
+            os.environ["CONTINUUM_TTL_POLICY"] = ttl_policy
             os.environ["CONTINUUM_MAX_PINNED_FRACTION"] = "0.5"
             os.environ["CONTINUUM_MAX_QUEUE_DELAY_S"] = str(MAX_QUEUE_DELAY_S)
+            # The learned TTL on a quiet pool is the cap: short, so that pins expire.
+            os.environ["CONTINUUM_MAX_TTL_S"] = "1.0" if ttl_policy == "continuum" else "30"
             try:
                 self.s = make_scheduler(
                     model_dir, num_blocks=NUM_BLOCKS, async_scheduling=async_scheduling,
                     max_num_seqs=6, max_num_batched_tokens=256, policy=scheduling_policy,
                 )
             finally:
-                for key in ("CONTINUUM_PRESSURE_POLICY", "CONTINUUM_TTL_POLICY",
+                for key in ("CONTINUUM_PRESSURE_POLICY", "CONTINUUM_TTL_POLICY", "CONTINUUM_MAX_TTL_S",
                             "CONTINUUM_MAX_PINNED_FRACTION", "CONTINUUM_MAX_QUEUE_DELAY_S"):
                     os.environ.pop(key)
             self.s.continuum.clock = self.clock = FakeClock()
@@ -344,18 +346,23 @@ SEEN: dict[tuple[str, bool], Counter] = {}
 
 
 @pytest.mark.parametrize(
-    "pressure_policy, scheduling_policy",
-    [("yield", "fcfs"), ("hold", "fcfs"), ("hold", "priority")],
+    "pressure_policy, scheduling_policy, ttl_policy",
+    # The learned TTL with the shipped pin cost: contested pins give way under hold.
+    [("yield", "fcfs", "fixed"), ("hold", "fcfs", "fixed"), ("hold", "priority", "fixed"),
+     ("hold", "fcfs", "continuum")],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_scheduler_state_machine(tiny_model_dir, pressure_policy, scheduling_policy, async_scheduling):
-    seen = SEEN.setdefault((pressure_policy, scheduling_policy, async_scheduling), Counter())
+def test_scheduler_state_machine(
+    tiny_model_dir, pressure_policy, scheduling_policy, ttl_policy, async_scheduling
+):
+    key = (pressure_policy, scheduling_policy, ttl_policy, async_scheduling)
+    seen = SEEN.setdefault(key, Counter())
     machine = scheduler_machine(
-        tiny_model_dir, pressure_policy, async_scheduling, seen, scheduling_policy
+        tiny_model_dir, pressure_policy, async_scheduling, seen, scheduling_policy, ttl_policy
     )
     machine.TestCase.settings = settings.get_profile(PROFILE)
     machine.TestCase().runTest()
-    print(pressure_policy, scheduling_policy, "async" if async_scheduling else "sync", dict(seen))
+    print(*key, dict(seen))
     for what in ("pins", "release:expired", "release:aborted", "release:reset",
                  "programs ended", "preemptions", "failed allocations with pins",
                  "order checks"):
@@ -365,8 +372,8 @@ def test_scheduler_state_machine(tiny_model_dir, pressure_policy, scheduling_pol
 def test_the_runs_exercised_every_release_path():
     """Invariants checked on nothing prove nothing: across the runs above,
     every way a pin ends must have happened."""
-    if len(SEEN) < 6:
-        pytest.skip("runs only after the six state-machine runs")
+    if len(SEEN) < 8:
+        pytest.skip("runs only after the eight state-machine runs")
     total = sum(SEEN.values(), Counter())
     for reason in ("resumed", "expired", "pressure", "last_turn", "aborted", "reset", "replaced"):
         assert total[f"release:{reason}"] > 0, (reason, sorted(total.items()))

@@ -150,6 +150,17 @@ def test_pressure_aware_ttl(pool, expected):
     assert decision.contested_ttl_s == 1.0  # held against waiting requests: Eq. 2's TTL
 
 
+def test_demand_cost_pins_until_someone_waits_then_eq2():
+    """pin_cost: demand charges nothing at creation, whatever the pool: the
+    TTL is the cap; waiting requests get the blocks after Eq. 2's TTL (1 s)."""
+    p = continuum(k=0, c0=2.0, pin_cost="demand")
+    for d in (0.5, 1.0, 8.0):
+        p.workload.durations.add("t", d)
+    busy = PoolState(free_blocks=0, demand_blocks=100)
+    decision = p.decide(TurnEnd("s", "t", 10, marginal_blocks=20, pool=busy))
+    assert (decision.ttl_s, decision.contested_ttl_s) == (1e9, 1.0)  # 1e9: the test's cap
+
+
 def eq2_controller(pool_state=None, **settings):
     settings = {"ttl_policy": "continuum", "cold_start_samples": 0,
                 "max_session_pinned_fraction": 1.0, **settings}

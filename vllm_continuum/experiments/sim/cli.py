@@ -81,7 +81,7 @@ def register(subparsers) -> None:
     p.add_argument("--cost-model", default="h100-llama3.1-8b",
                    help="a name in vllm_continuum/experiments/configs/cost_models/ or a YAML path")
     p.add_argument("--policies", nargs="+",
-                   default=["stock", "continuum", "oracle"],
+                   default=["stock", "default", "continuum", "oracle"],
                    help="stock, never, continuum, fixed, forever, oracle, oracle-hindsight, "
                         "oracle-eq2, and issue 12's candidates (sim/policies.py CANDIDATES); "
                         "the continuum ones also as NAME-yield or NAME-hold (plain: the "
