@@ -82,8 +82,9 @@ class ContinuumConfig(BaseSettings):
         "of pinned contexts, then by the program's first arrival, with the waiting bound "
         "`max_queue_delay_s`. sessionless_first: the same, but requests without a session "
         "(one-turn programs, so the shortest) before sessions' turns, by their arrival. "
-        "pinned_fcfs: the same lanes, but the rest by the request's own arrival, as stock (only turns whose pin is held go ahead). fcfs: vLLM's own "
-        "queue and order (with ttl_policy: never, exactly stock vLLM).",
+        "pinned_fcfs: the same lanes, but the rest by the request's own arrival, as stock "
+        "(only turns whose pin is held go ahead). fcfs: vLLM's own queue and order (with "
+        "ttl_policy: never, exactly stock vLLM).",
     )
     max_queue_delay_s: float = Field(
         1.0,
@@ -125,7 +126,9 @@ class ContinuumConfig(BaseSettings):
         description="continuum: what a pin's memory costs per second. always (Eq. 2): "
         "all of it, as if it always kept someone out. pressure: only the share of the "
         "pin's own blocks that the waiting requests need beyond the free pool (zero on "
-        "a quiet server: pin until the slowest call returns, within max_ttl_s).",
+        "a quiet server: pin until the slowest call returns, within max_ttl_s). demand: "
+        "nothing (the TTL is max_ttl_s). With pressure and demand, once waiting requests "
+        "need a pin's blocks it keeps them only for the TTL Eq. 2 gives at full cost.",
     )
     duration_history: int = Field(
         1000, ge=1, description="continuum: newest tool durations kept per tool."

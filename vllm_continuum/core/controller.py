@@ -164,7 +164,9 @@ class PinController:
         )
 
     def queue_key(self, request: TurnRequest) -> tuple:
-        """Program-level FCFS: by the program's first arrival, then the request's."""
+        """The last lane's order: by the program's first arrival, then the request's
+        (`pinned_fcfs`: the request's only); `sessionless_first` puts requests
+        without a session before every session's."""
         order = self.config.queue_order
         turn = self.turns.get(request.request_id)
         by_program = turn is not None and order != "pinned_fcfs"

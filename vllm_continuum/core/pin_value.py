@@ -15,8 +15,8 @@ it: a quiet server pins until the slowest call returns (`max_ttl_s` caps it),
 a saturated one exactly as Eq. 2.
 
 Release by value (the least P(return within the rest of the TTL | not yet)
-x benefit per freed block first) was measured too and dropped: it was never
-better than releasing the latest program's pins (docs/benchmarks.md).
+x benefit per freed block first) was measured too and dropped: no better
+than releasing the latest program's pins (docs/benchmarks.md, issue 12).
 """
 
 from __future__ import annotations

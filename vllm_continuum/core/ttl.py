@@ -15,11 +15,11 @@ PrefillReload(r)). MemUsage/M cancels, leaving
     tau* = argmax over tau in {0} U {recorded durations of f} of
            P(tau, f) * B - tau,    B = T * eta + PrefillReload(r).
 
-Two settings change its inputs (each off by default, so `continuum` stays
-the paper's): `duration_estimator: shrunk` replaces the switch to a tool's
-own CDF at K samples by a CDF shrunk toward the all-tools one
-(`shrinkage.py`), and `pin_cost: pressure` charges tau only for the memory
-the waiting demand needs (`pin_value.py`): Eq. 2 with B / pressure. Such a
+Two settings change its inputs: `duration_estimator: shrunk` (off by
+default) replaces the switch to a tool's own CDF at K samples by a CDF
+shrunk toward the all-tools one (`shrinkage.py`), and `pin_cost` (default
+`pressure`; `always` is the paper's) charges tau only for the memory the
+waiting demand needs (`pin_value.py`): Eq. 2 with B / pressure. Such a
 pin may outlive what Eq. 2 would give it at full cost; once waiting
 requests need its blocks it holds only that long (`contested_ttl_s`), so a
 pin made on a quiet server is cut back to Eq. 2 when the server fills up.
