@@ -48,12 +48,14 @@ def _matrix(args: argparse.Namespace) -> int:
         from vllm_continuum.experiments.sim.matrix import render_matrix
 
         rows = json.loads(args.from_json.read_text())["rows"]
-        return render_matrix(rows, args.out, command=command_line(), target_policy=args.targets)
+        return render_matrix(rows, args.out, command=command_line(), target_policy=args.targets,
+                             publish=args.publish)
     spec = load_matrix(args.config)
     if args.only:
         spec = spec.model_copy(update={"cells": [c for c in spec.cells if c.workload in args.only]})
     return run_matrix(spec, args.out, quick=args.quick, load=args.load, policies=args.policies,
-                      command=command_line(), jobs=args.jobs, target_policy=args.targets)
+                      command=command_line(), jobs=args.jobs, target_policy=args.targets,
+                      publish=args.publish)
 
 
 def _overhead(args: argparse.Namespace) -> int:
@@ -121,6 +123,7 @@ def register(subparsers) -> None:
                    help="do not run: render the report of an earlier run's matrix.json into --out")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes running (cell, seed) tasks side by side (results do not depend on it)")
+    publish_arg(p)
     p.set_defaults(run=_matrix)
 
     p = subparsers.add_parser("overhead", help="scheduler time per step, continuum vs stock")

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from vllm_continuum.experiments.configs import CONFIG_DIR
+from vllm_continuum.experiments.publish import publish_report
 from vllm_continuum.experiments.report import save_figure, summarize
 from vllm_continuum.experiments.sim.cost_model import load_cost_model
 from vllm_continuum.experiments.sim.run import prepare_profile, simulate
@@ -195,7 +196,7 @@ def cell_name(cell: CellSpec, load: str, rate: float) -> str:
 def run_matrix(
     spec: MatrixSpec, out_dir: Path, *, quick: bool = False, load: str | None = None,
     policies: Sequence[str] | None = None, command: str = "", jobs: int = 1,
-    target_policy: str | None = None,
+    target_policy: str | None = None, publish: str | None = None,
 ) -> int:
     """Every (cell, seed) is one task, run in `jobs` processes; the report keeps
     the grid's order whatever order the tasks finish in."""
@@ -226,12 +227,12 @@ def run_matrix(
     (out_dir / "matrix.json").write_text(json.dumps({"rows": rows, "seeds": seeds}, indent=1))
     footer = [f"total wall time: {time.perf_counter() - started:.0f} s in {max(jobs, 1)} processes"]
     return render_matrix(rows, out_dir, quick=quick, command=command, footer=footer,
-                         target_policy=target_policy)
+                         target_policy=target_policy, publish=publish)
 
 
 def render_matrix(
     rows: list[dict], out_dir: Path, *, quick: bool = False, command: str = "",
-    target_policy: str | None = None, footer: Sequence[str] = (),
+    target_policy: str | None = None, footer: Sequence[str] = (), publish: str | None = None,
 ) -> int:
     """The report of a run's rows (also re-rendered from its matrix.json):
     a table per cell in the grid's order, the targets table of `target_policy`
@@ -254,6 +255,8 @@ def render_matrix(
     (out_dir / "matrix.md").write_text(report + "\n")
     (out_dir / "cells.json").write_text(json.dumps(cells, indent=1))
     print(report)
+    if publish:
+        publish_report(publish, report, command)
     return 0
 
 
