@@ -56,11 +56,15 @@ def scheduler_machine(
         def build(self):
             harness._ids = itertools.count()  # request ids (queue tie-breaks) as in a lone run
             os.environ["CONTINUUM_PRESSURE_POLICY"] = pressure_policy
-            os.environ["CONTINUUM_TTL_POLICY"] = ttl_policy
+            # "shipped": the defaults but for the settings below; else the TTL
+            # policy named, with the paper's queue order.
+            os.environ["CONTINUUM_TTL_POLICY"] = "forever" if ttl_policy == "shipped" else ttl_policy
+            os.environ["CONTINUUM_QUEUE_ORDER"] = (
+                "sessionless_first" if ttl_policy == "shipped" else "program_fcfs")
             os.environ["CONTINUUM_MAX_PINNED_FRACTION"] = "0.5"
             os.environ["CONTINUUM_MAX_QUEUE_DELAY_S"] = str(MAX_QUEUE_DELAY_S)
-            # The learned TTL on a quiet pool is the cap: short, so that pins expire.
-            os.environ["CONTINUUM_MAX_TTL_S"] = "1.0" if ttl_policy == "continuum" else "30"
+            # Without a fixed TTL, pins last until the cap: short, so that they expire.
+            os.environ["CONTINUUM_MAX_TTL_S"] = "30" if ttl_policy == "fixed" else "1.0"
             try:
                 self.s = make_scheduler(
                     model_dir, num_blocks=NUM_BLOCKS, async_scheduling=async_scheduling,
@@ -68,6 +72,7 @@ def scheduler_machine(
                 )
             finally:
                 for key in ("CONTINUUM_PRESSURE_POLICY", "CONTINUUM_TTL_POLICY", "CONTINUUM_MAX_TTL_S",
+                            "CONTINUUM_QUEUE_ORDER",
                             "CONTINUUM_MAX_PINNED_FRACTION", "CONTINUUM_MAX_QUEUE_DELAY_S"):
                     os.environ.pop(key)
             self.s.continuum.clock = self.clock = FakeClock()
@@ -347,9 +352,10 @@ SEEN: dict[tuple[str, bool], Counter] = {}
 
 @pytest.mark.parametrize(
     "pressure_policy, scheduling_policy, ttl_policy",
-    # The learned TTL with the shipped pin cost: contested pins give way under hold.
+    # The shipped defaults (forever, sessionless_first), and the learned TTL
+    # with its default pin cost: contested pins give way under hold.
     [("yield", "fcfs", "fixed"), ("hold", "fcfs", "fixed"), ("hold", "priority", "fixed"),
-     ("hold", "fcfs", "continuum")],
+     ("hold", "fcfs", "shipped"), ("hold", "fcfs", "continuum")],
 )
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_scheduler_state_machine(
@@ -372,8 +378,8 @@ def test_scheduler_state_machine(
 def test_the_runs_exercised_every_release_path():
     """Invariants checked on nothing prove nothing: across the runs above,
     every way a pin ends must have happened."""
-    if len(SEEN) < 8:
-        pytest.skip("runs only after the eight state-machine runs")
+    if len(SEEN) < 10:
+        pytest.skip("runs only after the ten state-machine runs")
     total = sum(SEEN.values(), Counter())
     for reason in ("resumed", "expired", "pressure", "last_turn", "aborted", "reset", "replaced"):
         assert total[f"release:{reason}"] > 0, (reason, sorted(total.items()))
