@@ -54,12 +54,11 @@ class ContinuumConfig(BaseSettings):
     )
 
     ttl_policy: Literal["continuum", "fixed", "never", "forever"] = Field(
-        "forever",
-        description="Where TTLs come from. forever (measured best, docs/benchmarks.md): "
-        "until the next turn, the last turn or pressure, bounded by `max_ttl_s`. "
-        "continuum: the paper's cost/benefit model, learned online (see `pin_cost`). "
-        "fixed: `tool_ttl_s`, else `default_ttl_s`. never: no pins (stock behaviour, "
-        "for A/B runs).",
+        "continuum",
+        description="Where TTLs come from. continuum: the paper's cost/benefit model, "
+        "learned online, at the cost `pin_cost` says. forever: until the next turn, the "
+        "last turn or pressure, bounded by `max_ttl_s`. fixed: `tool_ttl_s`, else "
+        "`default_ttl_s`. never: no pins (stock behaviour, for A/B runs).",
     )
     default_ttl_s: float = Field(2.0, ge=0, description="fixed: TTL of a tool without its own entry.")
     tool_ttl_s: dict[str, float] = Field(
