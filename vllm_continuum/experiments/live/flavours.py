@@ -22,6 +22,11 @@ FLAVOURS = {"stock": Flavour("stock", "stock")} | {
     name: Flavour(name, "continuum", settings)
     for ttl in ("continuum", "fixed", "forever")
     for name, settings in pressure_variants(ttl, {"ttl_policy": ttl}, "pressure_policy").items()
+} | {
+    # The shipped TTL policy in the paper's queue order: what `sessionless_first`
+    # costs the agents and buys the one-shot requests, live (docs/benchmarks.md).
+    "continuum-program-fcfs": Flavour(
+        "continuum-program-fcfs", "continuum", {"ttl_policy": "continuum", "queue_order": "program_fcfs"}),
 }
 
 # The CPU benchmark's defaults (docs/benchmarks.md explains the choice).
