@@ -117,3 +117,15 @@ def test_continuum_settings_are_checked_against_the_config():
                          ("{pin_cost: pressure}", "not JSON")]:
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             continuum_settings_arg(bad)
+
+
+def test_every_compare_flavour_is_a_valid_config_and_the_queue_order_one_differs_only_there():
+    from vllm_continuum.config import load_config
+    from vllm_continuum.experiments.live.flavours import FLAVOURS
+
+    configs = {name: load_config(use_env=False, **f.settings)
+               for name, f in FLAVOURS.items() if f.server == "continuum"}
+    shipped, paper_order = configs["continuum"], configs["continuum-program-fcfs"]
+    assert shipped.queue_order != "program_fcfs"  # else the flavour measures nothing
+    assert paper_order.queue_order == "program_fcfs"
+    assert paper_order.model_copy(update={"queue_order": shipped.queue_order}) == shipped
