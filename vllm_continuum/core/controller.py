@@ -298,9 +298,13 @@ class PinController:
             # The TTL is decided on what the pin will actually keep.
             kept_tokens = min(request.num_tokens, kept * self.block_size)
             turn = TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s)
-            if self.config.pin_cost == "pressure":  # O(blocks): only where it is read
-                turn = replace(turn, pool=self.pool_state(),
-                               marginal_blocks=marginal_blocks(kept_ids, self.ledger.ref_count))
+            if self.config.pin_cost == "pressure":
+                # Counting the pin's own blocks is O(blocks), and only read when the
+                # waiting demand exceeds the free pool (else the pressure is 0 anyway).
+                pool = self.pool_state()
+                contended = pool is not None and pool.demand_blocks > pool.free_blocks
+                own = marginal_blocks(kept_ids, self.ledger.ref_count) if contended else 0
+                turn = replace(turn, pool=pool, marginal_blocks=own)
             decision = self.ttl_policy.decide(turn)
             ttl_s, contested_ttl_s = decision.ttl_s, decision.contested_ttl_s
             self.stats.on_ttl_decision(tool, ttl_s, decision.source)

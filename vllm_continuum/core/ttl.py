@@ -49,7 +49,8 @@ class TurnEnd:
     num_context_tokens: int  # what the next turn would prefill again without a pin
     hinted_ttl_s: float | None = None
     # With `pin_cost: pressure` only: the pool's state, and the blocks the pin
-    # would add (no other pin or running request holds them).
+    # would add (no other pin or running request holds them; left 0 when the
+    # free pool covers the waiting demand, where they do not change the cost).
     pool: PoolState | None = None  # None: no pressure information (Eq. 2 charges all)
     marginal_blocks: int = 0
 

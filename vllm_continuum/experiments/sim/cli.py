@@ -64,7 +64,7 @@ def _overhead(args: argparse.Namespace) -> int:
     return run_overhead(
         workload=args.workload, cost_model=args.cost_model, num_programs=args.programs,
         rate=args.rate, seed=args.seed, repeats=args.repeats, out_dir=args.out,
-        command=command_line(), publish=args.publish,
+        policies=("stock", args.policy), command=command_line(), publish=args.publish,
     )
 
 
@@ -130,6 +130,9 @@ def register(subparsers) -> None:
     workload_args(p, "swebench")
     p.add_argument("--cost-model", default="h100-llama3.1-8b")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--policy", default="default",
+                   help="the continuum policy timed against stock (default: what ships; "
+                        "`continuum`: the paper's settings; any `sim` policy label)")
     p.add_argument("--out", type=Path, default=Path("runs/overhead"))
     publish_arg(p)
     p.set_defaults(run=_overhead)

@@ -1,7 +1,8 @@
 """`vllm-continuum overhead`: what the continuum hooks cost per engine step.
 
-Both schedulers (vLLM's `Scheduler` and our `ContinuumScheduler` under the
-`continuum` policy) run the same simulated trace, and `schedule()` +
+Both schedulers (vLLM's `Scheduler` and our `ContinuumScheduler` under a
+policy label of `sim`: `default`, what ships, unless told) run the same
+simulated trace, and `schedule()` +
 `update_from_output()` are timed around each step (the synthetic model
 output is built outside the timed region), as wall time and as this
 thread's CPU time (`time.thread_time`: on a machine shared with other
@@ -37,7 +38,7 @@ def run_overhead(
     seed: int | None = None,
     repeats: int = 5,
     out_dir: Path = Path("runs/overhead"),
-    policies: tuple[str, str] = ("stock", "continuum"),
+    policies: tuple[str, str] = ("stock", "default"),
     command: str = "",
     publish: str | None = None,
 ) -> int:
