@@ -11,9 +11,13 @@ with_033=1
 [[ "${1:-}" == "--no-vllm033" ]] && with_033=0
 PYTHON=${PYTHON:-python3}
 
+# Whether each venv already holds its install (then only this package is refreshed).
+cpu_installed() { .venv/bin/python -c 'import vllm, pytest, vllm_continuum' 2>/dev/null; }
+v033_installed() { .venv-vllm033/bin/python -c 'import vllm.v1.core.sched.scheduler, pytest' 2>/dev/null; }
+
 setup_cpu() {
   if [[ ! -x .venv/bin/python ]]; then "$PYTHON" -m venv .venv; fi
-  if ! .venv/bin/python -c 'import vllm, pytest, vllm_continuum' 2>/dev/null; then
+  if ! cpu_installed; then
     .venv/bin/pip install --quiet --upgrade pip
     .venv/bin/pip install --quiet -e '.[cpu,test,cluster]'
   else
@@ -49,7 +53,7 @@ GPU_ONLY='^(torch|torchaudio|torchvision|torchcodec|triton|xgrammar|numba|opencv
 setup_033() {
   if [[ ! -x .venv-vllm033/bin/python ]]; then "$PYTHON" -m venv .venv-vllm033; fi
   local py=.venv-vllm033/bin/python
-  if ! "$py" -c 'import vllm.v1.core.sched.scheduler, pytest' 2>/dev/null; then
+  if ! v033_installed; then
     "$py" -m pip install --quiet --upgrade pip
     "$py" -m pip install --quiet 'torch==2.13.0' packaging   # CPU torch (see above)
     # xgrammar is imported by the scheduler's structured-output manager; its
@@ -80,11 +84,8 @@ PY
 # fresh clone: .venv 3.6 GB, .venv-vllm033 2.6 GB, plus pip's unpacked wheels in TMPDIR.
 check_disk() {
   local need_mb=0
-  .venv/bin/python -c 'import vllm, pytest, vllm_continuum' 2>/dev/null || need_mb=$((need_mb + 4500))
-  if (( with_033 )); then
-    .venv-vllm033/bin/python -c 'import vllm.v1.core.sched.scheduler, pytest' 2>/dev/null \
-      || need_mb=$((need_mb + 3500))
-  fi
+  cpu_installed || need_mb=$((need_mb + 4500))
+  if (( with_033 )); then v033_installed || need_mb=$((need_mb + 3500)); fi
   (( need_mb > 0 )) || return 0
   local dir free_mb
   for dir in . "${TMPDIR:-/tmp}"; do

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from vllm_continuum.core.hints import NO_HINTS, Hints, parse_hints
 from vllm_continuum.core.ledger import BlockLedger
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
-from vllm_continuum.core.pin_value import PoolState, marginal_blocks
+from vllm_continuum.core.pin_value import PoolState, demand_exceeds_free, marginal_blocks
 from vllm_continuum.core.pressure import may_release_pins, pins_to_release
 from vllm_continuum.core.sessions import SessionRegistry, session_key
 from vllm_continuum.core.ttl import TTLPolicy, TurnEnd, make_ttl_policy
@@ -299,11 +299,10 @@ class PinController:
             kept_tokens = min(request.num_tokens, kept * self.block_size)
             turn = TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s)
             if self.config.pin_cost == "pressure":
-                # Counting the pin's own blocks is O(blocks), and only read when the
-                # waiting demand exceeds the free pool (else the pressure is 0 anyway).
+                # Counting the pin's own blocks is O(blocks): only where it is read.
                 pool = self.pool_state()
-                contended = pool is not None and pool.demand_blocks > pool.free_blocks
-                own = marginal_blocks(kept_ids, self.ledger.ref_count) if contended else 0
+                own = (marginal_blocks(kept_ids, self.ledger.ref_count)
+                       if demand_exceeds_free(pool) else 0)
                 turn = replace(turn, pool=pool, marginal_blocks=own)
             decision = self.ttl_policy.decide(turn)
             ttl_s, contested_ttl_s = decision.ttl_s, decision.contested_ttl_s

@@ -33,6 +33,12 @@ class PoolState:
     demand_blocks: int  # what the waiting requests still need allocated (prefix hits excluded)
 
 
+def demand_exceeds_free(pool: PoolState | None) -> bool:
+    """Whether the waiting demand needs more than the free pool: only then does
+    a pin's count of marginal blocks change its pressure (else it is 0)."""
+    return pool is not None and pool.demand_blocks > pool.free_blocks
+
+
 def pin_pressure(pool: PoolState | None, marginal_blocks: int) -> float:
     """The fraction of a new pin's marginal blocks that waiting demand needs:
     1.0 without pool information (Eq. 2's assumption), 0.0 for a pin that
