@@ -48,7 +48,9 @@ def make_scheduler(
     max_num_batched_tokens: int = 1024,
     policy: str = "fcfs",
     enable_prefix_caching: bool = True,
+    **continuum_kwargs,
 ):
+    """`continuum_kwargs` go to our scheduler (e.g. `continuum_config=`)."""
     if continuum:
         cls = ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler
     else:
@@ -57,7 +59,7 @@ def make_scheduler(
         cls, model_dir, num_blocks=num_blocks, block_size=BLOCK_SIZE, max_model_len=4096,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         async_scheduling=async_scheduling, policy=policy, log_stats=True,
-        enable_prefix_caching=enable_prefix_caching,
+        enable_prefix_caching=enable_prefix_caching, **continuum_kwargs,
     )
 
 

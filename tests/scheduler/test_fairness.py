@@ -306,6 +306,35 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
     assert_all_free(d)
 
 
+def test_a_flood_of_session_ids_cannot_make_a_stranger_the_session(build, monkeypatch):
+    """The session table is bounded: a flood of fresh ids (each request aborted
+    at once, so it costs its sender nothing) used to push session A out of it,
+    after which a guessed id with `continuum_last_turn` counted as A's first
+    turn and released A's pins. Now the flood cannot evict a session that
+    finished a turn, and a pin answers only to a request continuing it."""
+    monkeypatch.setenv("CONTINUUM_MAX_TRACKED_SESSIONS", "8")
+    d = build()
+    s = d.scheduler
+    t1 = first_turn(d, "A", name="search")
+    pin = s.continuum.pins.get("A")
+    for i in range(200):
+        flood = d.add(make_request(tokens(10_000 + i, 20), session=f"flood-{i}", max_tokens=4))
+        s.finish_requests(flood.request_id, RequestStatus.FINISHED_ABORTED)
+    assert len(s.continuum.sessions) <= 8
+    s.continuum.sessions.end_program("A")  # and were A forgotten anyway: the pin decides
+    guess = make_request(tokens(888, 80), session="A", max_tokens=4,
+                         xargs={"continuum_last_turn": 1})
+    d.add(guess, answer_script())
+    d.run_until_finished(guess)
+    assert s.continuum.pins.holds(pin) and len(s.continuum.workload.programs) == 0
+    t2 = d.add(next_turn(t1), answer_script())
+    assert s.continuum.queue_key(t2)[1] == t1.arrival_time  # the program's place
+    assert admitted_hit(d, t2) >= (t1.num_prompt_tokens // BLOCK_SIZE - 1) * BLOCK_SIZE
+    assert s.continuum.stats.releases_by_reason == {"resumed": 1}
+    drain(d)
+    assert_all_free(d)
+
+
 # ------------------------------------------------------- no prefix caching
 def test_without_prefix_caching_nothing_is_pinned(tiny_model_dir, monkeypatch, caplog):
     monkeypatch.setenv("CONTINUUM_TTL_POLICY", "fixed")

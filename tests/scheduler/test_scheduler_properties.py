@@ -84,9 +84,11 @@ def scheduler_machine(
             self.branches: set[str] = set()  # side branches: not the session's history
             self.finished_tokens: dict[str, list[int]] = {}  # request id -> all its tokens
             self.next_token = 100
+            self.call_delay = 0.0  # seconds each of vLLM's lookups and allocations takes
             self._watch_preemption()
             self._watch_pressure()
             self._watch_grace()
+            self._slow_vllm_calls()
 
         # -- instrumentation ---------------------------------------------
         def _candidate_pins(self):
@@ -113,6 +115,22 @@ def scheduler_machine(
                 return stock(pin, reason)
 
             self.s.continuum._release = release
+
+        def _slow_vllm_calls(self):
+            """Time passes inside vLLM's own calls within a step (prefix lookup,
+            allocation), by `call_delay`: between its peek at the queue and its pop."""
+            s, kvm = self.s, self.s.kv_cache_manager
+
+            def slow(call):
+                def wrapped(*args, **kwargs):
+                    if self.call_delay:
+                        self.clock.advance(self.call_delay)
+                        seen["slow vLLM calls"] += 1
+                    return call(*args, **kwargs)
+                return wrapped
+
+            s._stock_allocate_slots = slow(s._stock_allocate_slots)
+            kvm.get_computed_blocks = slow(kvm.get_computed_blocks)
 
         def _may_release(self, request) -> bool:
             """When the pressure policy lets an allocation take blocks from pins."""
@@ -179,8 +197,10 @@ def scheduler_machine(
                 nothing_runs = not self.s.running
                 overdue = {r.request_id for r in self.s.waiting if r.status == RequestStatus.WAITING and self.s.continuum.overdue(r)}
                 seen["steps with an overdue request"] += bool(overdue)
+                began = self.clock.now  # the time the step reads (vLLM's calls take more)
                 out = self.s.schedule()
-                self._check_expiry()
+                self._check_admitted_hold_blocks(out)
+                self._check_expiry(began)
                 self._check_order(out, overdue)
                 self.clock.advance(STEP_S)
                 if head is not None and nothing_runs:
@@ -203,6 +223,13 @@ def scheduler_machine(
         @rule(seconds=st.sampled_from([0.5, 1.9, 2.1, 10.0, 45.0]))
         def clock_jump(self, seconds):
             self.clock.advance(seconds)
+
+        @rule(seconds=st.sampled_from([0.0, 0.02, 0.3, 1.0]))
+        def vllm_calls_take(self, seconds):
+            """From now on each lookup and allocation inside a step takes this long
+            (a slow connector, a loaded CPU): waiting bounds and TTLs run out
+            between vLLM's peek at the queue and its pop."""
+            self.call_delay = seconds
 
         @rule(dice=st.integers(0, 4))
         def reset_prefix_cache(self, dice):
@@ -290,12 +317,22 @@ def scheduler_machine(
             except IndexError:
                 return None
 
-        def _check_expiry(self):
+        def _check_admitted_hold_blocks(self, out):
+            """What vLLM admitted is what it allocated for: every admitted request
+            holds blocks, and no request left waiting does (else the engine core
+            fails at the next step)."""
+            held = self.s.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+            for new in out.scheduled_new_reqs:
+                assert held.get(new.req_id), f"{new.req_id} admitted without blocks"
+            for waiting in self.s.waiting:
+                assert not held.get(waiting.request_id), f"{waiting.request_id} waits holding blocks"
+
+        def _check_expiry(self, began: float):
             """No pin outlives its TTL past a schedule() but by the one grace step
-            it gets when its next turn is queued."""
-            now = self.clock.now
+            it gets when its next turn is queued (the step judges TTLs at the
+            time it began)."""
             for pin in self.s.continuum.pins:
-                if pin.expires_at <= now:
+                if pin.expires_at <= began:
                     assert pin.grace_step == self.s.continuum.step, "kept past its TTL"
 
         def _check_order(self, out, overdue: set[str]):
@@ -370,7 +407,7 @@ def test_scheduler_state_machine(
     machine.TestCase().runTest()
     print(*key, dict(seen))
     required = ["pins", "release:expired", "release:aborted", "release:reset",
-                "programs ended", "preemptions", "order checks"]
+                "programs ended", "preemptions", "order checks", "slow vLLM calls"]
     if ttl_policy == "fixed":
         # The learned TTL's pins are short or few in these small random runs:
         # only the fixed-TTL runs must meet allocations that fail with pins.

@@ -135,6 +135,51 @@ def test_a_stranger_with_the_session_id_neither_ends_nor_releases_the_program():
     assert c.pins.get("A") is not None and not c.workload.programs
 
 
+@pytest.mark.parametrize("forgotten_by", ["flood", "idle horizon", "any loss"])
+def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
+    """Whatever the session table says (it is bounded, and forgets idle
+    programs), a guessed id cannot release a live pin, and the program's own
+    next turn is recognised by the pin it continues: its place in the queue,
+    its tool duration and the hand-over survive."""
+    c, ledger, clock = controller(max_tracked_sessions=4, program_idle_horizon_s=1.0,
+                                  default_ttl_s=30.0)
+    clock.now = 1.0
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3], arrival_time=1.0))
+    clock.now = 3.0
+    if forgotten_by == "flood":  # fresh ids, each aborted before any output
+        for i in range(100):
+            flood = Req(f"f{i}", f"flood-{i}", [1000 + i], num_output_tokens=0, arrival_time=3.0)
+            c.on_arrival(flood, None)
+            c.on_finished(flood, aborted=True, tool_called=lambda: None)
+    elif forgotten_by == "idle horizon":  # shorter than the pin's TTL
+        c.on_arrival(Req("b1", "B", [50]), None)  # any arrival runs the idle check
+    else:
+        c.sessions.end_program("A")
+    stranger = Req("s1", "A", [5, 6], arrival_time=3.0)
+    c.on_arrival(stranger, {"continuum_last_turn": True})
+    assert c.lane_of(stranger) == REGULAR and c.queue_key(stranger)[1] == 3.0
+    c.on_finished(stranger, aborted=False, tool_called=lambda: None)
+    assert c.pins.get("A") is not None and not c.workload.programs, "a stranger ended it"
+    clock.now = 4.0
+    nxt = Req("a2", "A", [1, 2, 3, 4], arrival_time=4.0)
+    c.on_arrival(nxt, None)
+    assert c.lane_of(nxt) == PINNED and c.queue_key(nxt)[1] == 1.0  # the program's place
+    assert c.workload.durations.of("search").sorted == [3.0]  # turn end 1 s, arrival 4 s
+    c.after_step([(nxt, 12)], oldest_waiting=None)
+    assert c.stats.releases_by_reason == {"resumed": 1}
+
+
+def test_a_last_turn_releases_the_pins_it_continues():
+    c, ledger, _ = controller()
+    run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    last = Req("a2", "A", [1, 2, 3, 4])
+    c.on_arrival(last, {"continuum_last_turn": True})
+    ledger.take_back(last.blocks)
+    assert not c.on_finished(last, aborted=False, tool_called=lambda: None)
+    assert not c.pins and c.stats.releases_by_reason == {"last_turn": 1}
+    assert len(c.workload.programs) == 1  # the program ended, with its two turns
+
+
 def test_the_session_quota_keeps_the_first_blocks():
     c, ledger, _ = controller(pool_size=10, max_session_pinned_fraction=0.3)
     assert run(c, ledger, Req("a1", "A", [1, 2, 3, 4, 5]))

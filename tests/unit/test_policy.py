@@ -312,7 +312,22 @@ def test_session_registry_is_bounded_and_keeps_first_arrival():
     assert reg.first_arrival("a", default=0) == 5
     reg.observe_arrival("b", 6, now=2, hashes=[])
     reg.observe_arrival("c", 7, now=3, hashes=[])
-    assert "a" not in reg and len(reg) == 2
+    # Sessions that never finished a turn go first: "a" did, so "b" is forgotten.
+    assert "a" in reg and "b" not in reg and len(reg) == 2
+    reg.observe_turn_end("c", now=4, tool=None, anchor=None)
+    reg.observe_arrival("d", 8, now=5, hashes=[])  # both known: the least recent goes
+    assert "a" not in reg and {"c", "d"} <= set(reg._new) | set(reg._known)
+
+
+def test_a_flood_of_fresh_ids_cannot_push_a_working_session_out():
+    reg = SessionRegistry(max_sessions=4)
+    reg.observe_arrival("agent", 1.0, now=1.0, hashes=["h1"])
+    reg.observe_turn_end("agent", now=2.0, tool="search", anchor=Anchor(1, "h1"))
+    for i in range(1000):  # fresh ids, each aborted at once (no turn ends)
+        reg.observe_arrival(f"flood-{i}", 3.0, now=3.0, hashes=[])
+    agent = reg.observe_arrival("agent", 9.0, now=4.0, hashes=["h1", "h2"])
+    assert agent.continues and agent.measured == ("search", 2.0) and len(reg) == 4
+    assert reg.first_arrival("agent", default=0) == 1.0
 
 
 def test_tool_duration_is_next_arrival_minus_turn_end():
@@ -344,6 +359,8 @@ def test_programs_end_by_hint_or_idleness():
         reg.observe_arrival(session, now, now=now, hashes=[])
         reg.observe_turn_end(session, now=now + 1, tool="t", anchor=None)
     assert reg.pop_idle(now=8.0, horizon_s=5) == [("a", 1)]
+    # A session whose context is pinned is running a tool, not idle.
+    assert reg.pop_idle(now=20.0, horizon_s=5, busy=lambda s: s == "b") == []
     assert reg.end_program("b") == 1 and len(reg) == 0
 
 
@@ -419,3 +436,34 @@ def test_an_overdue_request_goes_first_behind_preempted_ones_only():
     q.prepend_request(Req("p", 9, preempted=True))
     assert drain(q) == ["p", "old", "turn", "new"]
     assert q.oldest_enqueued_at() is None
+
+
+def test_a_pop_returns_what_the_last_peek_returned():
+    """vLLM peeks, works on the request (time passes, its status changes), then
+    pops: the pop must return the peeked request even if the order moved."""
+    overdue: set[str] = set()
+    q = LaneQueue(
+        lane_of=lambda r: REGULAR, key_of=lambda r: (r.arrival, r.name),
+        session_of=lambda r: r.session, enqueued_at=lambda r: r.arrival,
+        overdue=lambda r: r.name in overdue,
+    )
+    for r in [Req("old", 1), Req("new", 0.5)]:  # keyed by arrival: "new" first
+        q.add_request(r)
+    assert q.peek_request().name == "new"
+    overdue.add("old")  # crosses the bound while vLLM allocates "new"
+    assert q.pop_request().name == "new"
+    assert q.peek_request().name == "old"  # the next peek sees the new order
+    q.add_request(Req("x", 5))  # a push in between: the pop follows the order again
+    assert q.pop_request().name == "old"
+
+
+def test_it_reads_like_vllms_fcfs_deque():
+    q = make_queue({"s"})
+    reqs = [Req("a", 1), Req("b", 2, "s"), Req("c", 0.5)]
+    for r in reqs:
+        q.add_request(r)
+    assert [q[i].name for i in range(len(q))] == [r.name for r in q] == ["b", "c", "a"]
+    assert q[-1].name == "a" and q[0] is q.peek_request()
+    assert reqs[0] in q and Req("a", 1) not in q
+    with pytest.raises(IndexError):
+        q[3]

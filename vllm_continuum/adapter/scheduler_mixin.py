@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from vllm.logger import init_logger
-from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_continuum.adapter.block_ledger import VllmBlockLedger
@@ -42,6 +42,11 @@ from vllm_continuum.core.waiting_queue import LaneQueue
 from vllm_continuum.metrics.stats import ContinuumStats
 
 logger = init_logger("vllm.continuum")
+
+
+class ContinuumWaitingQueue(LaneQueue, RequestQueue):
+    """Our waiting queue as vLLM's own kind: a `RequestQueue` (readable by
+    index as vLLM's FCFS deque), for code around the scheduler that checks."""
 
 
 class ContinuumSchedulerMixin:
@@ -105,7 +110,8 @@ class ContinuumSchedulerMixin:
         assert not self.waiting, "the waiting queue is replaced before any request"
         if cfg.queue_order != "fcfs":
             self.waiting = self.continuum.lane_queue(
-                preempted=RequestStatus.PREEMPTED, waiting=RequestStatus.WAITING
+                preempted=RequestStatus.PREEMPTED, waiting=RequestStatus.WAITING,
+                queue_cls=ContinuumWaitingQueue,
             )
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins
@@ -132,21 +138,26 @@ class ContinuumSchedulerMixin:
         self._publish()  # the engine wakes: the front end must stop judging idle pins
 
     def schedule(self, *args, **kwargs):
-        self.continuum.begin_step()
+        # Between begin_step and end_step the controller reads one time and the
+        # queue's lanes stay as they are: vLLM peeks, works, then pops (see
+        # core/waiting_queue.py), and must pop what it peeked.
+        c = self.continuum
+        c.begin_step()
         self._in_schedule = True
         try:
             output = super().schedule(*args, **kwargs)
+            if output.scheduled_new_reqs:
+                admitted = [
+                    (self.requests[new.req_id], new.num_computed_tokens)
+                    for new in output.scheduled_new_reqs if new.req_id in self.requests
+                ]
+                c.after_step(admitted, self._oldest_waiting())
         finally:
+            c.end_step()
             self._in_schedule = False
             for session in self._lane_changes:
                 self._reclassify(session)
             self._lane_changes.clear()
-        if output.scheduled_new_reqs:
-            admitted = [
-                (self.requests[new.req_id], new.num_computed_tokens)
-                for new in output.scheduled_new_reqs if new.req_id in self.requests
-            ]
-            self.continuum.after_step(admitted, self._oldest_waiting())
         return output  # published after update_from_output, once per step
 
     def update_from_output(self, *args, **kwargs):

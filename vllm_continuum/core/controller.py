@@ -126,6 +126,7 @@ class PinController:
         self.bound = WaitingBound(config.max_queue_delay_s)
         self.turns: dict[str, Turn] = {}
         self.step = 0  # scheduling steps so far: an expired pin's grace is one of them
+        self._step_time: float | None = None  # the clock as the step in progress began
         self._waiting_of = waiting_of  # queued requests that may be `session`'s
         self._on_lane_change = on_lane_change
         # The pool's free blocks and waiting demand, for `pin_cost: pressure`
@@ -135,12 +136,15 @@ class PinController:
         self._preempted = self._waiting = None  # the statuses `lane_queue` is told
 
     # ------------------------------------------------------------- the queue
-    def lane_queue(self, preempted: object, waiting: object) -> LaneQueue:
+    def lane_queue(
+        self, preempted: object, waiting: object, queue_cls: type[LaneQueue] = LaneQueue
+    ) -> LaneQueue:
         """Program-level FCFS with a pinned lane and the waiting bound.
         `preempted`, `waiting`: the request statuses (opaque here) of a
-        preempted request and of one not yet admitted."""
+        preempted request and of one not yet admitted; `queue_cls`: LaneQueue
+        or a subclass (the adapter's is also vLLM's RequestQueue)."""
         self._preempted, self._waiting = preempted, waiting
-        return LaneQueue(
+        return queue_cls(
             lane_of=self.lane_of,
             key_of=self.queue_key,
             session_of=lambda r: session_key(r.session_id),
@@ -160,7 +164,7 @@ class PinController:
         return (
             turn is not None
             and request.status == self._waiting
-            and self.bound.overdue(turn.enqueued_at, self.level(request), self.clock())
+            and self.bound.overdue(turn.enqueued_at, self.level(request), self.now())
         )
 
     def queue_key(self, request: TurnRequest) -> tuple:
@@ -176,17 +180,27 @@ class PinController:
 
     def enqueued_at(self, request: TurnRequest) -> float:
         turn = self.turns.get(request.request_id)
-        return turn.enqueued_at if turn is not None else self.clock()
+        return turn.enqueued_at if turn is not None else self.now()
 
     def overdue(self, request: TurnRequest) -> bool:
         """Its extra wait lasted the bound: it goes first, and pins give way to it."""
         turn = self.turns.get(request.request_id)
         return turn is not None and self.bound.overdue(
-            turn.enqueued_at, self.level(request), self.clock()
+            turn.enqueued_at, self.level(request), self.now()
         )
 
     # ------------------------------------------------------------ step side
+    def now(self) -> float:
+        """The time every rule reads: within a scheduling step, the time the
+        step began. vLLM peeks at the queue's head, works on it, then pops,
+        assuming the head did not change: time passing inside the step (a slow
+        connector lookup, a loaded CPU) must not reorder the queue or change
+        what pins may do until the step ends."""
+        return self._step_time if self._step_time is not None else self.clock()
+
     def begin_step(self) -> None:
+        self._step_time = None
+        self._step_time = self.now()
         self.step += 1
         self.release_expired(grace_until=self.step)
 
@@ -195,7 +209,11 @@ class PinController:
         `oldest_waiting`: when the oldest request still waiting was enqueued."""
         for request, num_cached_tokens in admitted:
             self._on_admitted(request, num_cached_tokens)
-        self.bound.prune(oldest_waiting if oldest_waiting is not None else self.clock())
+        self.bound.prune(oldest_waiting if oldest_waiting is not None else self.now())
+
+    def end_step(self) -> None:
+        """The step is over: rules read the clock again."""
+        self._step_time = None
 
     # --------------------------------------------------------- arrival side
     def on_arrival(self, request: TurnRequest, extra_args: Mapping[str, object] | None) -> None:
@@ -204,7 +222,7 @@ class PinController:
         hints = parse_hints(extra_args, self.config.max_hint_tool_name_length)
         if hints.invalid:
             self._count_invalid_hints(request.request_id, hints, extra_args)
-        now = self.clock()
+        now = self.now()
         turn = Turn(hints, enqueued_at=now, program_arrival=request.arrival_time)
         self.turns[request.request_id] = turn
         session = session_key(request.session_id)
@@ -214,29 +232,39 @@ class PinController:
             session, request.arrival_time, now, request.block_hashes
         )
         turn.continues, turn.first_turn = arrival.continues, arrival.first_turn
-        if arrival.measured is not None:
-            tool, seconds = arrival.measured
+        measured = arrival.measured
+        pin = self.pins.continued_by(session, request.block_hashes)
+        # The session table is bounded and forgets idle programs; a live pin
+        # is the truth about its program whatever the table says.
+        if pin is not None and not arrival.continues:
+            self.sessions.adopt(session, pin.session_arrival, pin.anchor)
+            turn.continues, turn.first_turn = True, False
+            measured = (pin.tool, max(0.0, now - pin.created_at))
+        elif pin is None and self.pins.of_session(session):
+            turn.first_turn = False  # the program lives on in its pins: a stranger
+        if measured is not None:
+            tool, seconds = measured
             self.workload.durations.add(tool, seconds)
             self.stats.on_tool_duration(tool, seconds)
-        if arrival.continues:
-            turn.program_arrival = arrival.state.first_arrival
-            had_pin = self.pins.continued_by(session, request.block_hashes) is not None
-            turn.resuming = (had_pin, now)
+        if turn.continues:
+            turn.program_arrival = self.sessions.first_arrival(session, request.arrival_time)
+            turn.resuming = (pin is not None, now)
 
     def _end_idle_programs(self) -> None:
         horizon = self.config.program_idle_horizon_s
-        for _, turns in self.sessions.pop_idle(self.clock(), horizon):
+        busy = lambda session: bool(self.pins.of_session(session))  # noqa: E731  (a tool runs)
+        for _, turns in self.sessions.pop_idle(self.now(), horizon, busy):
             self.workload.programs.add(turns)
 
     def _on_admitted(self, request: TurnRequest, num_cached_tokens: int) -> None:
         turn = self.turns.get(request.request_id)
         if turn is not None:
-            self.bound.went_ahead(turn.enqueued_at, self.level(request), self.clock())
+            self.bound.went_ahead(turn.enqueued_at, self.level(request), self.now())
             if turn.resuming is not None:
                 had_pin, arrived = turn.resuming
                 turn.resuming = None
                 if not had_pin:  # T: what turns that lost their cache waited
-                    self.workload.queueing.add(self.clock() - arrived)
+                    self.workload.queueing.add(self.now() - arrived)
                 self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens)
         pin = self.pins.continued_by(session_key(request.session_id), request.block_hashes)
         if pin is not None and pin.request_id != request.request_id:
@@ -265,14 +293,15 @@ class PinController:
             tool = hints.tool or tool_called()
             if of_program:
                 anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self.hash_block_size)
-                self.sessions.observe_turn_end(session, self.clock(), tool, anchor)
+                self.sessions.observe_turn_end(session, self.now(), tool, anchor)
         if hints.last_turn:
+            # Only the pins whose context it continues: a request that merely
+            # carries the id (guessed, or the table forgot the session) must
+            # not free another program's pins; a fork's other branches expire.
+            for pin in self.pins.all_continued_by(session, hashes):
+                self._release(pin, ReleaseReason.LAST_TURN)
             if of_program:
-                for pin in self.pins.of_session(session):
-                    self._release(pin, ReleaseReason.LAST_TURN)
                 self.workload.programs.add(self.sessions.end_program(session))
-            else:
-                self._release_continued(session, hashes, ReleaseReason.LAST_TURN)
             return False
         if tool is None:
             if aborted:
@@ -322,7 +351,7 @@ class PinController:
             self._release(old, ReleaseReason.REPLACED)
         for victim in victims:
             self._release(victim, ReleaseReason.PRESSURE)
-        now = self.clock()
+        now = self.now()
         pin = Pin(
             session_id=session,
             request_id=request.request_id,
@@ -389,7 +418,7 @@ class PinController:
         if not self.pins.remove(pin):
             return
         self.ledger.give_back(pin.blocks, pin.fence)
-        self.stats.on_release(pin, reason, self.clock())
+        self.stats.on_release(pin, reason, self.now())
         self._on_lane_change(pin.session_id)
 
     def _release_continued(self, session: str, hashes: Sequence[Hashable], reason: ReleaseReason) -> None:
@@ -402,7 +431,7 @@ class PinController:
         the pinned context's next turn is already queued (it is being admitted)."""
         if not self.pins:
             return
-        for pin in self.pins.expired(self.clock()):
+        for pin in self.pins.expired(self.now()):
             if pin.grace_step is None and self._next_turn_waiting(pin):
                 pin.grace_step = grace_until
             if pin.grace_step is not None and self.step <= pin.grace_step:
@@ -445,7 +474,7 @@ class PinController:
         ):
             # Only pins past their contested TTL give way; if they do not cover
             # it, pins could make room but are kept: everyone waiting waits.
-            now = self.clock()
+            now = self.now()
             contested = [p for p in candidates if p.contested_at <= now]
             victims = pins_to_release(contested, shortfall, self.ledger.ref_count, keep=keep)
             if not victims:
@@ -462,7 +491,7 @@ class PinController:
                 self.ledger.take_back(pin.blocks)
                 self.pins.add(pin)
             return None
-        now = self.clock()
+        now = self.now()
         for pin in victims:
             self.stats.on_release(pin, ReleaseReason.PRESSURE, now)
             self._on_lane_change(pin.session_id)

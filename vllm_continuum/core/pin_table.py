@@ -187,6 +187,11 @@ class PinTable:
                     best = pin
         return best
 
+    def all_continued_by(self, session_id: str | None, hashes: Sequence[Hashable]) -> list[Pin]:
+        """Every pin of `session_id` whose context these block hashes continue."""
+        return [p for p in self.of_session(session_id)
+                if p.anchor is not None and p.anchor.continued_by(hashes)]
+
     def subsumed_by(self, session_id: str, hashes: Sequence[Hashable]) -> list[Pin]:
         """Pins of the session whose every block a context with these hashes holds."""
         return [p for p in self.of_session(session_id) if p.subsumed_by(hashes)]

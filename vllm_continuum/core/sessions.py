@@ -8,18 +8,24 @@
 - how many turns it has had: when the program ends (a last-turn hint, or
   idle past a horizon) that count feeds eta.
 
-Session ids come from clients, so the table is bounded (the least recently
-active sessions are forgotten first), and a request only counts as the
-session's next turn if its prompt continues the last turn's context: a
-request that merely carries the id neither inherits the program's place in
-the queue nor records a tool duration.
+Session ids come from clients, so the table is bounded, and a request only
+counts as the session's next turn if its prompt continues the last turn's
+context: a request that merely carries the id neither inherits the program's
+place in the queue nor records a tool duration.
+
+The bound is a segmented LRU: sessions that never finished a turn (a flood
+of fresh ids, each aborted at once, costs its sender nothing) are forgotten
+before any session that did, least recently active first in each segment.
+So such a flood cannot push a working agent out of the table. What the
+table still forgets, a live pin remembers (the controller asks the pins
+first: `PinController.on_arrival`).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from vllm_continuum.core.pin_table import Anchor
@@ -60,19 +66,21 @@ class Arrival:
 class SessionRegistry:
     def __init__(self, max_sessions: int) -> None:
         self.max_sessions = max_sessions
-        self._sessions: OrderedDict[str, SessionState] = OrderedDict()  # oldest activity first
+        # Oldest activity first in each: sessions without a finished turn, and with one.
+        self._new: OrderedDict[str, SessionState] = OrderedDict()
+        self._known: OrderedDict[str, SessionState] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return len(self._new) + len(self._known)
 
     def __contains__(self, session_id: object) -> bool:
-        return session_id in self._sessions
+        return session_id in self._new or session_id in self._known
 
     def get(self, session_id: str) -> SessionState | None:
-        return self._sessions.get(session_id)
+        return self._new.get(session_id) or self._known.get(session_id)
 
     def first_arrival(self, session_id: str | None, default: float) -> float:
-        state = self._sessions.get(session_id) if session_id is not None else None
+        state = self.get(session_id) if session_id is not None else None
         return state.first_arrival if state is not None else default
 
     def observe_arrival(
@@ -81,9 +89,9 @@ class SessionRegistry:
         """Record a new request of the session, whose prompt has these block hashes."""
         state = self._touch(session_id, now)
         if state is None:
-            state = self._sessions[session_id] = SessionState(arrival, now)
-            if len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
+            if len(self) >= self.max_sessions:
+                (self._new if self._new else self._known).popitem(last=False)
+            state = self._new[session_id] = SessionState(arrival, now)
             return Arrival(state, continues=False, first_turn=True)
         anchor = state.last_anchor
         if anchor is None or not anchor.continued_by(hashes):
@@ -100,30 +108,53 @@ class SessionRegistry:
     ) -> None:
         state = self._touch(session_id, now)
         if state is not None:
+            if session_id in self._new:  # it did real work: out of the flood's reach
+                self._known[session_id] = self._new.pop(session_id)
             state.turns += 1
             state.last_end = now
             state.last_tool = tool
             state.last_anchor = anchor
 
+    def adopt(self, session_id: str, first_arrival: float, anchor: Anchor | None) -> None:
+        """The table had forgotten a session whose pinned context a new request
+        continues: restore what the pin knows (its program's first arrival and
+        the prefix), so that the session's next turns continue it. Its number
+        of turns so far is lost (counted from 1)."""
+        state = self.get(session_id)
+        if state is None:
+            return
+        state.first_arrival = min(state.first_arrival, first_arrival)
+        state.last_anchor, state.last_tool = anchor, None
+        state.turns = max(state.turns, 1)
+        if session_id in self._new:
+            self._known[session_id] = self._new.pop(session_id)
+
     def end_program(self, session_id: str) -> int:
         """Forget a finished program; return its number of turns (0 if unknown)."""
-        state = self._sessions.pop(session_id, None)
+        state = self._new.pop(session_id, None) or self._known.pop(session_id, None)
         return state.turns if state is not None else 0
 
-    def pop_idle(self, now: float, horizon_s: float) -> list[tuple[str, int]]:
-        """Programs idle past the horizon count as finished: (session, turns)."""
+    def pop_idle(
+        self, now: float, horizon_s: float, busy: Callable[[str], bool] = lambda s: False
+    ) -> list[tuple[str, int]]:
+        """Programs idle past the horizon count as finished: (session, turns).
+        A `busy` session (one whose context is pinned: its tool is running) is
+        not idle, however long ago it was last seen."""
         ended = []
-        while self._sessions:
-            session_id, state = next(iter(self._sessions.items()))
-            if now - state.last_seen < horizon_s:
-                break
-            self._sessions.popitem(last=False)
-            ended.append((session_id, state.turns))
+        for table in (self._new, self._known):
+            for session_id, state in list(table.items()):
+                if now - state.last_seen < horizon_s:
+                    break
+                if not busy(session_id):
+                    del table[session_id]
+                    ended.append((session_id, state.turns))
         return ended
 
     def _touch(self, session_id: str, now: float) -> SessionState | None:
-        state = self._sessions.get(session_id)
-        if state is not None:
-            state.last_seen = now
-            self._sessions.move_to_end(session_id)
-        return state
+        for table in (self._new, self._known):
+            state = table.get(session_id)
+            if state is not None:
+                state.last_seen = now
+                table.move_to_end(session_id)
+                return state
+        return None

@@ -17,6 +17,13 @@ be first. Popping and re-adding a skipped request keeps its place (keys and
 enqueue times do not change). Of all waiting requests the oldest is always
 the first to be passed, so checking it alone finds any overdue one.
 
+vLLM peeks at the head, works on that request (prefix lookup, connector
+query, allocation: time passes, its status may change), then pops, and
+assumes the pop returns what it peeked. So a pop returns the request the
+last peek returned whenever nothing was pushed or removed in between,
+whatever the order says by then. (The controller also reads the clock once
+per scheduling step, so within a step the order does not drift either.)
+
 It speaks vLLM's `RequestQueue` protocol by duck typing and knows requests
 only through the functions it is given, so it is tested without vLLM.
 Removal is lazy (a heap entry is valid while its token is current), so
@@ -60,6 +67,7 @@ class LaneQueue(Generic[R]):
         # Per priority level: (enqueue time, token, request) of non-preempted requests.
         self._aging: dict[int, list[tuple[float, int, R]]] = {}
         self._waiting_sessions: Counter[Hashable] = Counter()
+        self._peeked: R | None = None  # what the last peek returned, until a push or pop
 
     # --- vLLM RequestQueue protocol -------------------------------------
     def add_request(self, request: R) -> None:
@@ -74,10 +82,11 @@ class LaneQueue(Generic[R]):
             self._insert(request, front=True)
 
     def peek_request(self) -> R:
-        return self._head()[2]
+        self._peeked = self._head()[2]
+        return self._peeked
 
     def pop_request(self) -> R:
-        request = self._head()[2]
+        request = self._peeked if self._peeked is not None else self._head()[2]
         self._forget(request)
         self._compact()
         return request
@@ -100,11 +109,17 @@ class LaneQueue(Generic[R]):
         return len(self._members)
 
     def __iter__(self) -> Iterator[R]:
-        live = sorted(e for e in self._heap if self._valid(e[1], e[2]))
-        overdue = self._overdue_head(live[0][0][0]) if live else None
-        if overdue is not None and live[0][0][1] != PREEMPTED:
-            yield overdue
-        yield from (r for _, _, r in live if r is not overdue)
+        return iter(self._ordered())
+
+    # vLLM's FCFS queue is a deque: code around the scheduler reads it by index.
+    def __getitem__(self, index: int) -> R:
+        return self._ordered()[index]
+
+    def __contains__(self, request: object) -> bool:
+        return id(request) in self._members and self._members[id(request)][1] is request
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._ordered()!r})"
 
     # --- what the scheduler asks besides ---------------------------------
     def has_session_waiting(self, session: Hashable | None) -> bool:
@@ -126,7 +141,16 @@ class LaneQueue(Generic[R]):
         return min(times) if times else None
 
     # --- internals ---------------------------------------------------------
+    def _ordered(self) -> list[R]:
+        """Every request, in the order pops would return them now. O(n log n)."""
+        live = sorted(e for e in self._heap if self._valid(e[1], e[2]))
+        overdue = self._overdue_head(live[0][0][0]) if live else None
+        if overdue is None or live[0][0][1] == PREEMPTED:
+            return [r for _, _, r in live]
+        return [overdue, *(r for _, _, r in live if r is not overdue)]
+
     def _insert(self, request: R, front: bool) -> None:
+        self._peeked = None
         token = next(self._tokens)
         self._members[id(request)] = (token, request)
         lane = self._lane_of(request)
@@ -144,6 +168,7 @@ class LaneQueue(Generic[R]):
             self._waiting_sessions[session] += 1
 
     def _forget(self, request: R) -> None:
+        self._peeked = None
         del self._members[id(request)]
         session = self._session_of(request)
         if session is not None:
