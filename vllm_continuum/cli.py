@@ -22,6 +22,10 @@ DEFAULT_MODEL_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"
 # a command names its extra as `needs` in its parser's defaults.
 VLLM_MODULES = {"vllm", "torch", "transformers", "tokenizers"}  # [cpu] or [gpu]
 EXTRA_MODULES = {"openai", "httpx", "tqdm", "fastapi", "uvicorn", "matplotlib", "numpy", "zmq"}
+# Commands that load transformers or start vLLM: they first check that torchvision,
+# torchaudio and torchcodec, if installed, load beside this torch (`serve` checks
+# in vllm_continuum.adapter.launch, which cluster instances run too).
+TORCH_COMMANDS = {"tiny-model", "demo", "pause-demo", "cluster"}
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
@@ -119,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command not in ("serve", "cluster"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command in TORCH_COMMANDS:
+        from vllm_continuum.adapter.launch import check_torch_extensions
+
+        check_torch_extensions()
     try:
         if args.command in ("serve", "cluster"):
             return args.run(args, extra)
