@@ -80,7 +80,8 @@ def reason_of(entry: dict) -> str:
         return f"hub model {m.group(1)} (no local stand-in; HF_HUB_OFFLINE)"
     if m := re.search(r"fixture '([^']+)' not found", text):
         return f"fixture {m.group(1)} lives in vLLM's top-level conftest (not used)"
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # e.g. pydantic's "1 validation error for VllmConfig" / "Value error, <why> [type=...]"
+    lines = [ln.split(" [type=")[0].strip() for ln in text.splitlines() if ln.strip()]
     return " / ".join(lines[:2])[:200]
 
 
