@@ -48,6 +48,7 @@ def make_scheduler(
     max_num_batched_tokens: int = 1024,
     policy: str = "fcfs",
     enable_prefix_caching: bool = True,
+    sliding_window: int | None = None,
     **continuum_kwargs,
 ):
     """`continuum_kwargs` go to our scheduler (e.g. `continuum_config=`)."""
@@ -59,7 +60,8 @@ def make_scheduler(
         cls, model_dir, num_blocks=num_blocks, block_size=BLOCK_SIZE, max_model_len=4096,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         async_scheduling=async_scheduling, policy=policy, log_stats=True,
-        enable_prefix_caching=enable_prefix_caching, **continuum_kwargs,
+        enable_prefix_caching=enable_prefix_caching, sliding_window=sliding_window,
+        **continuum_kwargs,
     )
 
 

@@ -190,8 +190,13 @@ def scheduler_machine(
             self.live[request.request_id] = request
             self.s.add_request(request)
 
-        @rule(steps=st.integers(1, 8))
-        def step(self, steps):
+        @rule(steps=st.integers(1, 8), call_delay=st.sampled_from([None, None, 0.0, 0.3, 1.0]))
+        def step(self, steps, call_delay=None):
+            """`call_delay`: from now on each prefix lookup and allocation inside a
+            step takes this long (a slow connector, a loaded CPU; None: as before),
+            so waiting bounds and TTLs run out between vLLM's peek and its pop."""
+            if call_delay is not None:
+                self.call_delay = call_delay
             for _ in range(steps):
                 head = self._waiting_head()
                 nothing_runs = not self.s.running
@@ -210,6 +215,19 @@ def scheduler_machine(
                         "nothing ran, yet the queue head was not admitted"
                 self._feed(out)
 
+        @rule(session=st.sampled_from(SESSIONS[1:]), first=st.integers(16, 256),
+              second=st.integers(16, 256), call_delay=st.sampled_from([0.3, 1.0]))
+        def one_shots_pass_a_turn_while_vllm_is_slow(self, session, first, second, call_delay):
+            """The shape of the crash this file found: a session's turn queues,
+            one-shots arrive behind it (and go ahead of it under
+            sessionless_first), and vLLM's calls then take longer than the
+            waiting bound, so the turn goes overdue between a peek and a pop."""
+            self.new_request(session, True, 16, 4, "answer", {})
+            for size in (first, second):
+                self.new_request(None, False, size, 4, "answer", {})
+            self.call_delay = call_delay
+            self.step(3)
+
         @rule(pick=st.integers(0, 1000), queued_turn=st.booleans())
         def abort(self, pick, queued_turn):
             """A client gives up: any live request, or a queued turn of a session."""
@@ -223,13 +241,6 @@ def scheduler_machine(
         @rule(seconds=st.sampled_from([0.5, 1.9, 2.1, 10.0, 45.0]))
         def clock_jump(self, seconds):
             self.clock.advance(seconds)
-
-        @rule(seconds=st.sampled_from([0.0, 0.02, 0.3, 1.0]))
-        def vllm_calls_take(self, seconds):
-            """From now on each lookup and allocation inside a step takes this long
-            (a slow connector, a loaded CPU): waiting bounds and TTLs run out
-            between vLLM's peek at the queue and its pop."""
-            self.call_delay = seconds
 
         @rule(dice=st.integers(0, 4))
         def reset_prefix_cache(self, dice):

@@ -4,7 +4,10 @@ touches vLLM's block pool (`vllm_continuum.core.ledger.BlockLedger` over it).
 A pin holds exactly the references a finished request held, taken with
 `pop_blocks_for_free` (upstream's own "pop now, free later" path). Giving
 them back respects upstream's deferred-free fence, so a block that an
-in-flight step may still write is never handed to another request early.
+in-flight step may still write is never handed to another request early,
+and follows stock's order, so that eviction afterwards is stock's: each KV
+cache group's blocks tail first, group after group (`KVCacheManager.free`),
+or, through the deferred-free queue, as stock queues them.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ class VllmBlockLedger:
         self._scheduler = scheduler
         self._pool = scheduler.kv_cache_manager.block_pool
         self._allocate_signature = inspect.signature(scheduler.kv_cache_manager.allocate_slots)
+        self._managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+        # Several KV cache groups (sliding window, hybrid): the group each taken
+        # block belongs to, so that it goes back in stock's order.
+        self._group_of: dict[int, int] | None = {} if len(self._managers) > 1 else None
 
     @property
     def pool_size(self) -> int:
@@ -41,18 +48,33 @@ class VllmBlockLedger:
         return self._pool.get_num_free_blocks()
 
     def take(self, request) -> tuple[list[KVCacheBlock], int]:
-        """Take over a finished request's block references; return them and their fence."""
+        """Take over a finished request's block references; return them (group
+        after group, as `pop_blocks_for_free` does) and their fence."""
         s = self._scheduler
         fence = 0 if s._request_blocks_can_be_freed(request) else s.sched_step_seq
-        return s.kv_cache_manager.pop_blocks_for_free(request), fence
+        if self._group_of is None:
+            return s.kv_cache_manager.pop_blocks_for_free(request), fence
+        blocks: list[KVCacheBlock] = []
+        for group, manager in enumerate(self._managers):
+            taken = manager.pop_blocks_for_free(request.request_id)
+            self._group_of.update((b.block_id, group) for b in taken)
+            blocks += taken
+        return blocks, fence
 
     def give_back(self, blocks: Sequence[KVCacheBlock], fence: int) -> None:
         s = self._scheduler
-        if not s.defer_block_free or fence <= s.processed_step_seq:
+        if s.defer_block_free and fence > s.processed_step_seq:
+            s.deferred_frees.append((fence, list(blocks)))  # as stock defers a free
+            return
+        if self._group_of is None:
             # Reverse order: the tail of a prompt is evicted first, as upstream does.
             self._pool.free_blocks(reversed(blocks))
-        else:
-            s.deferred_frees.append((fence, list(blocks)))
+            return
+        by_group: dict[int, list[KVCacheBlock]] = {}
+        for block in blocks:
+            by_group.setdefault(self._group_of.get(block.block_id, 0), []).append(block)
+        for group in sorted(by_group):  # as KVCacheCoordinator.free: group after group
+            self._pool.free_blocks(reversed(by_group[group]))
 
     def take_back(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Undo `give_back` of blocks nobody has allocated since.

@@ -35,7 +35,7 @@ from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
 from vllm_continuum.core.pin_value import PoolState, demand_exceeds_free, marginal_blocks
 from vllm_continuum.core.pressure import may_release_pins, pins_to_release
 from vllm_continuum.core.sessions import SessionRegistry, session_key
-from vllm_continuum.core.ttl import TTLPolicy, TurnEnd, make_ttl_policy
+from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, TurnEnd, make_ttl_policy
 from vllm_continuum.core.waiting_bound import WaitingBound
 from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
 from vllm_continuum.core.workload import WorkloadModel
@@ -121,6 +121,9 @@ class PinController:
             config.duration_history, config.queueing_window, config.program_window
         )
         self.ttl_policy = ttl_policy(config, self.workload)
+        # A policy that never pins takes no block at all: `never` with `queue_order:
+        # fcfs` is stock vLLM exactly, the order blocks are freed in included.
+        self.pinning = pinning and not isinstance(self.ttl_policy, NeverTTLPolicy)
         self.pins = PinTable()
         self.sessions = SessionRegistry(config.max_tracked_sessions)
         self.bound = WaitingBound(config.max_queue_delay_s)

@@ -55,10 +55,13 @@ def new_scheduler(
     policy: str = "fcfs",
     log_stats: bool = False,
     enable_prefix_caching: bool = True,
+    sliding_window: int | None = None,
     **scheduler_kwargs,
 ):
     """A scheduler of class `cls` (vLLM's or ours) over a KV pool of `num_blocks`;
-    `scheduler_kwargs` go to the class (e.g. `continuum_config=`, `continuum_clock=`)."""
+    `scheduler_kwargs` go to the class (e.g. `continuum_config=`, `continuum_clock=`).
+    `sliding_window`: a hybrid model, a full-attention KV cache group and a
+    sliding-window one of that many tokens sharing the pool."""
     import torch
     from vllm.config import (
         CacheConfig,
@@ -71,6 +74,7 @@ def new_scheduler(
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
+        SlidingWindowSpec,
     )
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -92,11 +96,13 @@ def new_scheduler(
         device_config=DeviceConfig(device="cpu"),
     )
     cache_config.num_gpu_blocks = num_blocks
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    shape = dict(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(**shape))]
+    if sliding_window is not None:
+        swa = SlidingWindowSpec(sliding_window=sliding_window, **shape)
+        groups.append(KVCacheGroupSpec(["swa_layer"], swa))
     kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
     )
     return cls(
         vllm_config=vllm_config,
