@@ -218,10 +218,11 @@ class ContinuumSchedulerMixin:
     # ----------------------------------------------------------- plumbing
     def _publish(self) -> None:
         """Offer the current state to the metrics exporter (it rate-limits)."""
-        c = self.continuum
-        if self._stats.writer is None:
+        stats = self.__dict__.get("_stats")  # None: built without __init__ (vLLM's own tests do)
+        if stats is None or stats.writer is None:
             return  # not exported (simulation, offline use): nothing to offer
-        self._stats.publish(
+        c = self.continuum
+        stats.publish(
             pins=c.pins, pool_size=self._ledger.pool_size, now=c.clock(),
             idle=not self.has_requests(), held=c.held,
         )
