@@ -49,6 +49,7 @@ def make_scheduler(
     policy: str = "fcfs",
     enable_prefix_caching: bool = True,
     sliding_window: int | None = None,
+    kv_transfer_config=None,
     **continuum_kwargs,
 ):
     """`continuum_kwargs` go to our scheduler (e.g. `continuum_config=`)."""
@@ -61,7 +62,7 @@ def make_scheduler(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         async_scheduling=async_scheduling, policy=policy, log_stats=True,
         enable_prefix_caching=enable_prefix_caching, sliding_window=sliding_window,
-        **continuum_kwargs,
+        kv_transfer_config=kv_transfer_config, **continuum_kwargs,
     )
 
 
@@ -130,7 +131,7 @@ def pinned_blocks(scheduler) -> Counter:
 
 
 def audit(scheduler) -> dict[str, int]:
-    """free + pinned-only + in-use = pool, and every ref count is explained."""
+    """free + pinned-only + deferred-only + in-use = pool, and every ref count is explained."""
     kvm = scheduler.kv_cache_manager
     pool = kvm.block_pool
     expected: Counter = Counter()
@@ -140,7 +141,9 @@ def audit(scheduler) -> dict[str, int]:
     in_use = set(expected)
     pinned = pinned_blocks(scheduler)
     expected.update(pinned)
+    deferred: set[int] = set()
     for _, blocks in scheduler.deferred_frees:
+        deferred.update(b.block_id for b in blocks if not b.is_null)
         expected.update(b.block_id for b in blocks if not b.is_null)
     for block in pool.blocks:
         if block.is_null:
@@ -151,9 +154,12 @@ def audit(scheduler) -> dict[str, int]:
         )
     num_free = pool.get_num_free_blocks()
     pinned_only = len(set(pinned) - in_use)
+    deferred_only = len(deferred - in_use - set(pinned))  # freed, behind vLLM's fence
     total = pool.num_gpu_blocks - 1
-    assert num_free + pinned_only + len(in_use) == total, (num_free, pinned_only, in_use, total)
-    return {"free": num_free, "pinned": pinned_only, "in_use": len(in_use), "pool": total}
+    assert num_free + pinned_only + deferred_only + len(in_use) == total, (
+        num_free, pinned_only, deferred_only, in_use, total)
+    return {"free": num_free, "pinned": pinned_only, "deferred": deferred_only,
+            "in_use": len(in_use), "pool": total}
 
 
 # --- scenario helpers shared by the scheduler tests ---------------------------

@@ -5,6 +5,8 @@
 (`PinController`); each hook here forwards to it, at the narrowest point of
 vLLM that works:
 
+- `_free_request`: a request finished, its turn ends (a KV connector may
+  keep its blocks a while longer, to send them).
 - `_free_request_blocks`: the single path by which a request's blocks are
   freed (finish, abort, connector-delayed free, and preemption, which is not
   an end of turn). A finished tool-call turn of a session keeps its
@@ -13,7 +15,9 @@ vLLM that works:
   context's next turn was admitted is handed over.
 - `kv_cache_manager.allocate_slots` (wrapped per instance): when an
   allocation fails, pins are released before vLLM would preempt a running
-  request or give up on admitting a waiting one.
+  request or give up on admitting a waiting one; once a waiting request's
+  allocation holds its prefix hit, the pin it continues is handed over
+  (also when vLLM then holds it for an async KV load, out of our queue's sight).
 - `self.waiting` (with `queue_order: program_fcfs`): the controller's lane
   queue. With `queue_order: fcfs` vLLM's own queue stays.
 - `add_request`, `reset_prefix_cache`, `shutdown`: bookkeeping and release.
@@ -170,21 +174,29 @@ class ContinuumSchedulerMixin:
         self._publish()
         return finished
 
+    def _free_request(self, request: Request, *args, **kwargs):
+        # The turn ends when the request finishes, even if a KV connector keeps
+        # its blocks until it has sent them (then _free_request_blocks runs later).
+        try:
+            self._affinity.on_finish(
+                session_key(request.session_id), request.request_id, request.output_token_ids
+            )
+        except Exception:  # noqa: BLE001  (a signal must never fail a request)
+            logger.debug("continuum: affinity signal failed", exc_info=True)
+        self.continuum.on_turn_end(request, *self._finish_of(request))
+        return super()._free_request(request, *args, **kwargs)
+
     def _free_request_blocks(self, request: Request) -> None:
-        if request.is_finished():
-            try:
-                self._affinity.on_finish(
-                    session_key(request.session_id), request.request_id, request.output_token_ids
-                )
-            except Exception:  # noqa: BLE001  (a signal must never fail a request)
-                logger.debug("continuum: affinity signal failed", exc_info=True)
-            if self.continuum.on_finished(
-                request,
-                aborted=request.status == RequestStatus.FINISHED_ABORTED,
-                tool_called=lambda: self._tool_calls.tool_called(request.output_token_ids),
-            ):
-                return  # the pin now holds the request's blocks
+        if request.is_finished() and self.continuum.on_blocks_freed(request, *self._finish_of(request)):
+            return  # the pin now holds the request's blocks
         super()._free_request_blocks(request)
+
+    def _finish_of(self, request: Request) -> tuple[bool, Callable[[], str | None]]:
+        """(aborted?, a reader of the tool it called) of a finished request."""
+        return (
+            request.status == RequestStatus.FINISHED_ABORTED,
+            lambda: self._tool_calls.tool_called(request.output_token_ids),
+        )
 
     def reset_prefix_cache(self, *args, **kwargs) -> bool:
         # Pinned blocks are referenced, and a referenced block fails the reset.
@@ -200,20 +212,23 @@ class ContinuumSchedulerMixin:
     def _allocate_slots_or_release_pins(self, request: Request, *args, **kwargs):
         """vLLM's allocate_slots; when it fails for lack of blocks, the
         controller may release pins that cover the shortfall and retry once."""
+        admitting = request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
-        if blocks is not None or not self.continuum.pins:
-            return blocks
-        hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
-        return self.continuum.retry_with_pins_released(
-            request,
-            lambda: self._stock_allocate_slots(request, *args, **kwargs),
-            shortfall=self._ledger.shortfall(request, args, kwargs),
-            keep=self._ledger.block_ids(hit),
-            running=request.status == RequestStatus.RUNNING,
-            preempted=request.status == RequestStatus.PREEMPTED,
-            waiting=request.status == RequestStatus.WAITING,
-            anything_running=bool(self.running),
-        )
+        if blocks is None and self.continuum.pins:
+            hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
+            blocks = self.continuum.retry_with_pins_released(
+                request,
+                lambda: self._stock_allocate_slots(request, *args, **kwargs),
+                shortfall=self._ledger.shortfall(request, args, kwargs),
+                keep=self._ledger.block_ids(hit),
+                running=request.status == RequestStatus.RUNNING,
+                preempted=request.status == RequestStatus.PREEMPTED,
+                waiting=request.status == RequestStatus.WAITING,
+                anything_running=bool(self.running),
+            )
+        if blocks is not None and admitting:
+            self.continuum.on_allocated(request)
+        return blocks
 
     # ----------------------------------------------------------- plumbing
     def _publish(self) -> None:

@@ -77,14 +77,26 @@ class PinEvents(Protocol):
 
 @dataclass
 class Turn:
-    """What the controller keeps about a request until it is freed."""
+    """What the controller keeps about a request until it finishes."""
 
     hints: Hints
     enqueued_at: float  # controller clock: orders arrivals for the waiting bound
     program_arrival: float  # queue key: the program's first arrival if it continues it
+    session: str | None = None
     continues: bool = False  # its prompt continues its session's last turn
     first_turn: bool = False  # no turn of its session had ended before it
     resuming: tuple[bool, float] | None = None  # (found a pin, arrival) until admitted
+
+
+@dataclass
+class Ended:
+    """A finished tool-call turn whose blocks have not been freed yet."""
+
+    session: str
+    tool: str
+    hints: Hints
+    program_arrival: float
+    superseded: bool = False  # its next turn was allocated meanwhile: it holds the context
 
 
 class PinController:
@@ -128,6 +140,7 @@ class PinController:
         self.sessions = SessionRegistry(config.max_tracked_sessions)
         self.bound = WaitingBound(config.max_queue_delay_s)
         self.turns: dict[str, Turn] = {}
+        self._ended: dict[str, Ended] = {}  # request id -> its end, until its blocks are freed
         self.step = 0  # scheduling steps so far: an expired pin's grace is one of them
         self._step_time: float | None = None  # the clock as the step in progress began
         self._waiting_of = waiting_of  # queued requests that may be `session`'s
@@ -228,7 +241,7 @@ class PinController:
         now = self.now()
         turn = Turn(hints, enqueued_at=now, program_arrival=request.arrival_time)
         self.turns[request.request_id] = turn
-        session = session_key(request.session_id)
+        session = turn.session = session_key(request.session_id)
         if session is None:
             return
         arrival = self.sessions.observe_arrival(
@@ -269,21 +282,27 @@ class PinController:
                 if not had_pin:  # T: what turns that lost their cache waited
                     self.workload.queueing.add(self.now() - arrived)
                 self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens)
-        pin = self.pins.continued_by(session_key(request.session_id), request.block_hashes)
-        if pin is not None and pin.request_id != request.request_id:
-            # The turn's allocation touched the pinned blocks it hit: hand over.
-            self._release(pin, ReleaseReason.RESUMED)
+        self._hand_over(request)  # if its allocation did not already
 
     # ---------------------------------------------------------- finish side
     def on_finished(
         self, request: TurnRequest, aborted: bool, tool_called: Callable[[], str | None]
     ) -> bool:
-        """A finished request: True if a pin now holds its blocks (the adapter
-        must not free them). `tool_called` reads the tool from its output."""
+        """A finished request whose blocks are freed at once: `on_turn_end`
+        then `on_blocks_freed`. True if a pin now holds its blocks."""
+        self.on_turn_end(request, aborted, tool_called)
+        return self.on_blocks_freed(request, aborted, tool_called)
+
+    def on_turn_end(
+        self, request: TurnRequest, aborted: bool, tool_called: Callable[[], str | None]
+    ) -> None:
+        """A request finished: its turn ends now (the tool starts), even if a KV
+        connector keeps its blocks a while longer (it sends them first).
+        `tool_called` reads the tool from its output."""
         turn = self.turns.pop(request.request_id, None)
         session = session_key(request.session_id)
         if session is None:
-            return False
+            return
         hints = turn.hints if turn is not None else NO_HINTS
         # Only the program's own turns (its first, or one continuing its last)
         # speak for the session; a request that merely carries the id does not.
@@ -305,15 +324,43 @@ class PinController:
                 self._release(pin, ReleaseReason.LAST_TURN)
             if of_program:
                 self.workload.programs.add(self.sessions.end_program(session))
-            return False
+            return
         if tool is None:
             if aborted:
                 self._release_continued(session, hashes, ReleaseReason.ABORTED)
+            return
+        if self.pinning:
+            program_arrival = turn.program_arrival if turn is not None else request.arrival_time
+            self._ended[request.request_id] = Ended(session, tool, hints, program_arrival)
+
+    def on_blocks_freed(
+        self, request: TurnRequest, aborted: bool, tool_called: Callable[[], str | None]
+    ) -> bool:
+        """A finished request's blocks are being freed: True if a pin now holds
+        them (the adapter must not free them)."""
+        if request.request_id in self.turns:  # freed without its end reported first
+            self.on_turn_end(request, aborted, tool_called)
+        ended = self._ended.pop(request.request_id, None)
+        if ended is None or ended.superseded:
+            # Freed late (a connector sent the blocks first) after the next turn
+            # was allocated: it holds the context already; a pin would only expire.
             return False
-        if not self.pinning:
-            return False
-        program_arrival = turn.program_arrival if turn is not None else request.arrival_time
-        return self._pin(request, session, tool, hints, program_arrival)
+        return self._pin(request, ended.session, ended.tool, ended.hints, ended.program_arrival)
+
+    def on_allocated(self, request: TurnRequest) -> None:
+        """vLLM allocated blocks for a waiting request: its prefix hit is touched,
+        so a pin of the context it continues is handed over now, whether vLLM
+        schedules it this step or holds it while a connector loads its KV."""
+        turn = self.turns.get(request.request_id)
+        if turn is not None and turn.continues:
+            for ended in self._ended.values():  # turns whose blocks a connector still holds
+                ended.superseded |= ended.session == turn.session
+        self._hand_over(request)
+
+    def _hand_over(self, request: TurnRequest) -> None:
+        pin = self.pins.continued_by(session_key(request.session_id), request.block_hashes)
+        if pin is not None and pin.request_id != request.request_id:
+            self._release(pin, ReleaseReason.RESUMED)
 
     def _pin(
         self, request: TurnRequest, session: str, tool: str, hints: Hints, arrival: float

@@ -56,12 +56,14 @@ def new_scheduler(
     log_stats: bool = False,
     enable_prefix_caching: bool = True,
     sliding_window: int | None = None,
+    kv_transfer_config=None,
     **scheduler_kwargs,
 ):
     """A scheduler of class `cls` (vLLM's or ours) over a KV pool of `num_blocks`;
     `scheduler_kwargs` go to the class (e.g. `continuum_config=`, `continuum_clock=`).
     `sliding_window`: a hybrid model, a full-attention KV cache group and a
-    sliding-window one of that many tokens sharing the pool."""
+    sliding-window one of that many tokens sharing the pool. `kv_transfer_config`:
+    vLLM's `KVTransferConfig` of a KV connector (the scheduler side only runs)."""
     import torch
     from vllm.config import (
         CacheConfig,
@@ -94,8 +96,13 @@ def new_scheduler(
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
+        kv_transfer_config=kv_transfer_config,
     )
     cache_config.num_gpu_blocks = num_blocks
+    # vLLM's CPU platform turns async scheduling off whatever was asked; the
+    # scheduler under test is the GPU's, which runs with it on (so that, e.g.,
+    # a KV-consumer connector defers block frees as it does there).
+    scheduler_config.async_scheduling = async_scheduling
     shape = dict(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
     groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(**shape))]
     if sliding_window is not None:
