@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vllm_continuum.experiments.outcomes import makespan_s
 from vllm_continuum.experiments.results import RunResult
 
 
@@ -40,9 +41,7 @@ def summarize(run: RunResult) -> dict:
     prompt = sum(t.prompt_tokens for t in turns)
     cached = sum(t.cached_tokens for t in turns)
     output = sum(t.output_tokens for t in turns)
-    start = min((p.arrival_s for p in run.programs), default=0.0)
-    end = max((p.end_s for p in run.programs), default=0.0)
-    makespan = max(1e-9, end - start)
+    makespan = makespan_s(run)
     return {
         "label": run.label,
         "programs": len(run.programs),

@@ -29,6 +29,7 @@ from vllm_continuum.experiments.report import (
     summarize,
     write_runs,
 )
+from vllm_continuum.experiments.outcomes import outcome, outcome_table
 from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.sim.cost_model import CostModel, load_cost_model
 from vllm_continuum.experiments.sim.loop import Simulation
@@ -149,11 +150,17 @@ def sweep_points(
         point = {"arrival_rate": rate, "seed": seed}
         point["arrival_rate" if over == "rate" else "seed"] = value
         trace = load_trace(workload, num_programs=num_programs, **point)
+        at_point: list[tuple[RunResult, dict]] = []
         for policy in policies:
             run, _ = simulate(trace, cost, policy, profile_path, desc=f"{over} {value} {policy}",
                               extra_settings=settings)
-            rows.append({over: value, **summarize(run), "pool_usage_mean": run.meta["pool_usage_mean"],
-                         "pool_usage_max": run.meta["pool_usage_max"]})
+            at_point.append((run, {over: value, **summarize(run),
+                                   "pool_usage_mean": run.meta["pool_usage_mean"],
+                                   "pool_usage_max": run.meta["pool_usage_max"]}))
+        stock = next((run for run, _ in at_point if run.label == "stock"), None)
+        for run, row in at_point:
+            rows.append({**row, **(outcome(run, stock) if stock is not None else {}),
+                         "label": run.label})
     base = {r[over]: r for r in rows if r["label"] == "stock"}
     oracle = {r[over]: r for r in rows if r["label"] == "oracle"}
     one_shot = has_one_shot(rows)
@@ -224,14 +231,23 @@ def seed_summary(rows: list[dict]) -> list[str]:
     seeds, policies, jct = _by_seed(rows, "jct_mean_s")
     ratios = _stock_ratios(rows)
     one_shot = _stock_ratios(rows, "one_shot_ttft_p99_s", over_stock=True) if has_one_shot(rows) else None
+    makespan = _stock_ratios(rows, "makespan_s")
     best = {s: min(jct[(s, p)] for p in policies) for s in seeds}
-    head = ["policy", "stock / mean JCT, geometric mean", "min", "max", "lowest mean JCT in"]
+    outcomes = "worst_program_ratio" in rows[0] if rows else False
+    head = ["policy", "stock / mean JCT, geometric mean", "min", "max", "lowest mean JCT in",
+            "stock makespan / makespan, geometric mean"]
+    if outcomes:
+        head += ["programs >10% slower than on stock, worst seed", "worst program JCT / stock's"]
     if one_shot:
         head += ["one-shot p99 TTFT / stock's, geometric mean", "min", "max"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in policies:
         wins = sum(jct[(s, p)] <= best[s] * (1 + 1e-9) for s in seeds)
-        cells = [p, *_spread(ratios[p]), f"{wins} of {len(seeds)} seeds"]
+        cells = [p, *_spread(ratios[p]), f"{wins} of {len(seeds)} seeds", f"{_geomean(makespan[p]):.3f}x"]
+        if outcomes:
+            mine = [r for r in rows if r["label"] == p and "seed" in r]
+            cells += [f"{max(r['programs_slower_10pct'] for r in mine):.0%}",
+                      f"{max(r['worst_program_ratio'] for r in mine):.2f}x"]
         if one_shot:
             cells += _spread(one_shot[p])
         lines.append("| " + " | ".join(cells) + " |")
@@ -328,6 +344,8 @@ def run_sim(
     title = (f"## {workload}, {len(trace.agents)} programs, rate {trace.meta.get('arrival_rate')} /s, "
              f"{_one_shot_title(trace)}cost model {cost.name}")
     text = [title, "", table, _oracle_ratio(summaries), ""]
+    if "stock" in policies:
+        text += [outcome_table(runs, "stock"), ""]
     text += pin_lines(runs)
     sweep_rows: list[dict] = []
     if sweep is not None:
