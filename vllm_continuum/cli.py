@@ -7,6 +7,7 @@
     vllm-continuum profile --url URL   measure prefill time vs context length (TTL model input)
     vllm-continuum tiny-model DIR      build the small random-weight test model
     vllm-continuum bench | compare | sim | matrix | overhead | workload | convert   the benchmarks
+    vllm-continuum calibrate --url URL --out FILE   a server's step time, as a simulator cost model
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     register_cluster(sub)
 
     from vllm_continuum.experiments import cli as experiments_cli
+    from vllm_continuum.experiments.calibration import cli as calibration_cli
     from vllm_continuum.experiments.live import cli as live_cli
     from vllm_continuum.experiments.sim import cli as sim_cli
 
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     live_cli.register(sub)  # bench, compare
     experiments_cli.register(sub)  # workload, convert
     sim_cli.register(sub)  # sim, matrix, overhead, fit-cost-model
+    calibration_cli.register(sub)  # calibrate
     for name in set(sub.choices) - before:
         sub.choices[name].set_defaults(needs="bench")
 

@@ -13,8 +13,14 @@ of c_i tokens already in their KV cache (a decode has n_i = 1):
       step = overhead + max(compute, memory)
       compute = (flops_per_token * T + attn_flops_per_pair * pairs) / (peak_flops * mfu)
       memory  = (weight_bytes + kv_bytes_per_token * kv) / (peak_bandwidth * bandwidth_efficiency)
-- `linear` (fitted on a machine, e.g. from `vllm-continuum profile`):
+- `linear` (fitted on a machine: `vllm-continuum calibrate`, or from a
+  `profile` by `fit-cost-model`):
       step = step_s + per_token_s * T + per_pair_s * pairs + per_seq_s * (decoding requests)
+
+`api_overhead_s` is the time a request spends outside the engine's steps
+(HTTP, streaming, the API server's queues), measured by `calibrate`: the
+simulator models engine steps only and does not add it; `predict` does,
+when it sets a simulation beside a live run.
 
 Every constant of a shipped cost model is written in its file with its
 source or marked as an assumption.
@@ -22,8 +28,9 @@ source or marked as an assumption.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,6 +60,31 @@ class Linear(BaseModel):
     per_seq_s: float = Field(0.0, ge=0)
 
 
+class StepFeatures(NamedTuple):
+    """What a step's time depends on (the module docstring's T, pairs, kv), and
+    its decoding requests: the one place both the step-time formulas and the
+    calibration's fit (experiments/calibration/fit.py) read a batch."""
+
+    tokens: float
+    pairs: float
+    kv: float
+    decodes: float
+
+    @classmethod
+    def of(cls, batch: Iterable[tuple[int, int]]) -> StepFeatures:
+        """batch: (new tokens, tokens already cached) per scheduled request."""
+        tokens = pairs = kv = decodes = 0.0
+        for n, c in batch:
+            tokens += n
+            pairs += n * c + n * (n + 1) / 2
+            kv += c + n
+            decodes += n == 1 and c > 0
+        return cls(tokens, pairs, kv, decodes)
+
+    def __add__(self, other: StepFeatures) -> StepFeatures:  # several steps' sum
+        return StepFeatures(*(a + b for a, b in zip(self, other)))
+
+
 class CostModel(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str
@@ -65,35 +97,38 @@ class CostModel(BaseModel):
     max_model_len: int = Field(ge=16)
     roofline: Roofline | None = None
     linear: Linear | None = None
+    api_overhead_s: float = Field(
+        0.0, ge=0, description="per request, outside the engine's steps (measured by calibrate; "
+        "the simulator does not add it, predict does)")
 
     def step_time(self, batch: list[tuple[int, int]]) -> float:
         """batch: (new tokens, tokens already cached) per scheduled request."""
-        tokens = 0
-        pairs = 0.0
-        kv = 0
-        for n, c in batch:
-            tokens += n
-            pairs += n * c + n * (n + 1) / 2
-            kv += c + n
+        f = StepFeatures.of(batch)
         if self.kind == "roofline":
             r = self.roofline
-            compute = (r.flops_per_token * tokens + r.attn_flops_per_pair * pairs) / (r.peak_flops * r.mfu)
-            memory = (r.weight_bytes + r.kv_bytes_per_token * kv) / (
+            compute = (r.flops_per_token * f.tokens + r.attn_flops_per_pair * f.pairs) / (
+                r.peak_flops * r.mfu)
+            memory = (r.weight_bytes + r.kv_bytes_per_token * f.kv) / (
                 r.peak_bandwidth * r.bandwidth_efficiency
             )
             return r.overhead_s + max(compute, memory)
         lin = self.linear
-        decodes = sum(1 for n, c in batch if n == 1 and c > 0)
-        return lin.step_s + lin.per_token_s * tokens + lin.per_pair_s * pairs + lin.per_seq_s * decodes
+        return (lin.step_s + lin.per_token_s * f.tokens + lin.per_pair_s * f.pairs
+                + lin.per_seq_s * f.decodes)
 
-    def prefill_seconds(self, num_tokens: int) -> float:
-        """A lone cold prefill of num_tokens, chunked as the scheduler chunks it."""
-        total, done = 0.0, 0
+    def prefill_steps(self, num_tokens: int, cached: int = 0) -> list[tuple[int, int]]:
+        """The steps of a lone prefill of num_tokens on top of `cached` tokens, chunked
+        as the scheduler chunks it (max_num_batched_tokens per step): (new, cached) each."""
+        steps, done = [], 0
         while done < num_tokens:
             n = min(self.max_num_batched_tokens, num_tokens - done)
-            total += self.step_time([(n, done)])
+            steps.append((n, cached + done))
             done += n
-        return total
+        return steps
+
+    def prefill_seconds(self, num_tokens: int, cached: int = 0) -> float:
+        """A lone prefill of num_tokens (after `cached` tokens found in the cache)."""
+        return sum(self.step_time([step]) for step in self.prefill_steps(num_tokens, cached))
 
     def prefill_profile(self) -> PrefillProfile:
         """What `vllm-continuum profile` would fit on the modelled server: the

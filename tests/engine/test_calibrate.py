@@ -1,0 +1,52 @@
+"""`vllm-continuum calibrate` against a real (tiny) vLLM server: the YAML it
+writes is a cost model the simulator runs, its shape is the server's, and it
+carries its provenance. A small grid: the full calibration is a benchmark
+(docs/calibration.md), and no timing is asserted here (the machine is shared)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+
+@pytest.mark.engine
+def test_calibrate_writes_a_cost_model_the_simulator_runs(live_servers, tmp_path):
+    from vllm_continuum.experiments.calibration.command import run_calibrate
+    from vllm_continuum.experiments.sim.cost_model import load_cost_model
+    from vllm_continuum.experiments.sim.run import simulate
+    from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+
+    server = live_servers["stock"]
+    out = tmp_path / "tiny-cpu.yaml"
+    # --num-gpu-blocks 7 must lose to what the server says (its pool of 64).
+    flags = {"num_gpu_blocks": 7, "block_size": None, "max_num_seqs": None,
+             "max_num_batched_tokens": 512, "max_model_len": None}
+    assert run_calibrate(server.base_url, out, flags=flags, lengths=[16, 256, 1000], batches=[1, 4],
+                         contexts=[64, 512], repeats=1, decode_tokens=12,
+                         command="vllm-continuum calibrate (test)") == 0
+    cost = load_cost_model(out)
+    data = yaml.safe_load(out.read_text())
+    assert (cost.kind, cost.num_gpu_blocks, cost.block_size) == ("linear", 64, 32)
+    assert cost.max_model_len == 2016 and cost.max_num_batched_tokens == 512
+    sources = data["calibration"]["shape_sources"]
+    assert sources["num_gpu_blocks"] == "/metrics vllm:cache_config_info"
+    assert sources["max_model_len"] == "/v1/models" and sources["max_num_batched_tokens"] == "flag"
+    cal = data["calibration"]
+    assert cal["command"] == "vllm-continuum calibrate (test)" and cal["machine"]["cpu_count"]
+    assert "inter-token" in cost.description and "time to first token" in cost.description
+    kinds = [p["kind"] for p in cal["points"]]
+    # 3 cold lengths, 2 prefills on a cached prefix, 4 decode points (all fit the pool)
+    assert kinds.count("prefill") == 5 and kinds.count("decode") == 4
+    chunked = next(p for p in cal["points"] if p["params"] == {"n": 1000, "cached": 0})
+    assert len(chunked["steps"]) == 2  # 1000 tokens at 512 a step
+    extended = [p for p in cal["points"] if p["kind"] == "prefill" and p["params"]["cached"]]
+    assert all(p["detail"]["cache_hit_tokens"] == p["params"]["cached"] // 32 * 32 for p in extended)
+    assert all(p["measured_s"] > 0 and math.isfinite(p["fitted_s"]) for p in cal["points"])
+    assert set(cal["fit_error"]) == {"prefill", "decode", "all"}
+    # What `sim --cost-model FILE` does with it: a short run completes.
+    trace = Trace([Program("a", 0.0, (Turn(200, 8, "grep", 0.5), Turn(50, 4))),
+                   Program("b", 0.2, (Turn(300, 8),))])
+    run, _ = simulate(trace, cost, "stock", None, progress=False)
+    assert len(run.programs) == 2 and all(p.jct_s > 0 for p in run.programs)

@@ -1,0 +1,85 @@
+"""The calibration's fit (experiments/calibration/fit.py) and plan, on points
+made from a known cost model: the fit must give the model back."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_continuum.experiments.calibration.command import decode_fits, plan
+from vllm_continuum.experiments.calibration.fit import combine_repeats, fit_points
+from vllm_continuum.experiments.calibration.probes import Point, steady_step_s
+from vllm_continuum.experiments.calibration.server import ServerShape
+from vllm_continuum.experiments.sim.cost_model import CostModel, Linear
+
+TRUE = CostModel(name="t", kind="linear", block_size=32, num_gpu_blocks=160, max_num_seqs=128,
+                 max_num_batched_tokens=2048, max_model_len=4096, api_overhead_s=0.05,
+                 linear=Linear(step_s=0.02, per_token_s=3e-4, per_pair_s=2e-8, per_seq_s=1e-3))
+
+
+def _points(cost: CostModel) -> list[Point]:
+    """What the probes would measure on a server that steps exactly as `cost` says."""
+    points = []
+    for n, cached in [(16, 0), (256, 0), (1024, 0), (3000, 0), (512, 1024), (512, 2048)]:
+        steps = [[s] for s in cost.prefill_steps(n, cached)]
+        points.append(Point("prefill", {"n": n, "cached": cached}, steps,
+                            cost.prefill_seconds(n, cached) + cost.api_overhead_s, True))
+    for b, c in [(1, 128), (4, 2048), (16, 128), (16, 1024)]:
+        batch = [(1, c)] * b
+        points.append(Point("decode", {"batch": b, "context": c}, [batch], cost.step_time(batch), False))
+    return points
+
+
+def test_fit_gives_a_known_model_back():
+    fit = fit_points(_points(TRUE))
+    for key, value in TRUE.linear.model_dump().items():
+        assert fit.coefficients[key] == pytest.approx(value, rel=1e-6), key
+    assert fit.api_overhead_s == pytest.approx(0.05, rel=1e-6)
+    assert fit.error_summary()["all"]["max_abs_relative_error"] < 1e-6
+    # A chunked prefill (3000 > 2048 batched tokens) is two steps.
+    assert len(next(p for p in fit.points if p.params["n"] == 3000).steps) == 2
+
+
+def test_a_term_the_data_contradicts_is_held_at_zero():
+    """Points from a model without a per-sequence cost, plus noise that would make
+    its least-squares estimate negative: it ends at 0, not below."""
+    cost = TRUE.model_copy(update={"linear": Linear(step_s=0.02, per_token_s=3e-4,
+                                                    per_pair_s=2e-8, per_seq_s=0.0)})
+    points = _points(cost)
+    for p in points:
+        if p.kind == "decode" and p.params["batch"] == 16:
+            p.measured_s *= 0.9  # big batches faster than the model: a negative per-seq cost
+    fit = fit_points(points)
+    assert fit.coefficients["per_seq_s"] == 0.0
+    assert all(v >= 0 for v in fit.coefficients.values())
+
+
+def test_repeats_combine_by_their_median_and_point_round_trip():
+    spike = Point("decode", {"batch": 1, "context": 128}, [[(1, 160)]], 0.5, False)
+    normal = [Point("decode", {"batch": 1, "context": 128}, [[(1, 160)]], t, False) for t in (0.02, 0.03)]
+    (combined,) = combine_repeats([spike, *normal])
+    assert combined.measured_s == 0.03 and combined.detail["repeats_s"] == [0.5, 0.02, 0.03]
+    batch = Point("decode", {"batch": 3, "context": 64}, [[(1, 80)] * 3], 0.1, False)
+    assert batch.to_json()["steps"] == [[[1, 80, 3]]]
+    assert Point.from_json(batch.to_json()) == batch
+
+
+def test_steady_window_reads_the_step_time_of_interleaved_streams():
+    """Two streams: one token every 0.1 s; the second starts 0.25 s late and ends
+    0.05 s before the first. Inside the window (0.25 to 1.95 s) both see 0.1 s a token."""
+    a = [(0.1 * k, 1) for k in range(1, 21)]
+    b = [(0.25 + 0.1 * k, 1) for k in range(0, 18)]
+    step, detail = steady_step_s([a, b])
+    assert step == pytest.approx(0.1)
+    assert detail["window_s"] == pytest.approx(1.95 - 0.25)
+
+
+def test_plan_keeps_what_the_pool_holds():
+    shape = ServerShape("m", {"num_gpu_blocks": 160, "block_size": 32, "max_num_seqs": 128,
+                              "max_num_batched_tokens": 2048, "max_model_len": 4096})
+    assert decode_fits(shape, 16, 2040, 48) and not decode_fits(shape, 64, 2040, 48)
+    probes, skipped = plan(shape, lengths=None, batches=[1, 64], contexts=None, repeats=2,
+                           decode_tokens=48)
+    lengths = sorted({args[0] for kind, args in probes if kind == "prefill" and args[1] == 0})
+    assert lengths == [16, 128, 256, 512, 1024, 2048, 4080]  # past 2048: chunked
+    assert ("prefill", (512, 1020)) in probes and probes.count(("prefill", (16, 0))) == 2
+    assert ("decode", (1, 4024)) in probes and any("B=64 C=2040" in s for s in skipped)

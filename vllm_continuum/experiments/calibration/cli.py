@@ -1,0 +1,44 @@
+"""`vllm-continuum calibrate`: registered by `register(subparsers)` (vllm_continuum/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vllm_continuum.experiments.calibration.server import FIELDS
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from vllm_continuum.experiments.calibration.command import run_calibrate
+    from vllm_continuum.experiments.cli import command_line
+
+    return run_calibrate(
+        args.url, args.out, flags={k: getattr(args, k) for k in FIELDS}, lengths=args.lengths,
+        batches=args.batches, contexts=args.contexts, repeats=args.repeats,
+        decode_tokens=args.decode_tokens, seed=args.seed, command=command_line(),
+    )
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure a running server's step time and write a simulator cost model",
+        description="Times prefills (TTFT of fresh prompts, cold and after a cached prefix) and "
+                    "decode steps (inter-token gaps of B concurrent streams at context C) on the "
+                    "server at --url, fits the linear step model of sim/cost_model.py and writes "
+                    "it with the server's pool and limits and the measurements "
+                    "(docs/calibration.md). Run it on an otherwise idle server.")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the vLLM server to measure")
+    p.add_argument("--out", type=Path, required=True, help="the cost-model YAML to write")
+    p.add_argument("--lengths", type=int, nargs="+",
+                   help="cold prefill lengths (default: 16, then doubling from 128 to the context window)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64],
+                   help="decode batch sizes B (those over the pool or max_num_seqs are left out)")
+    p.add_argument("--contexts", type=int, nargs="+",
+                   help="decode contexts C (default: 128, half and nearly all of the window)")
+    p.add_argument("--repeats", type=int, default=2, help="repeats of each point")
+    p.add_argument("--decode-tokens", type=int, default=48, help="tokens each decode stream generates")
+    p.add_argument("--seed", type=int, default=0, help="prompts and probe order")
+    for name in FIELDS:
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int,
+                       help=f"{name}, if the server does not say it")
+    p.set_defaults(run=_calibrate)

@@ -1,0 +1,109 @@
+"""The linear step model, fitted to the probes' points, and how well it fits.
+
+Each point is a sum of engine steps (one decode step; one or more prefill
+chunks) plus, for a time to first token, one request's API overhead. The
+linear cost model (sim/cost_model.py) is linear in its constants, so a
+point's predicted time is a dot product:
+
+    [steps, sum T, sum pairs, sum decodes, overhead?] . [step_s, per_token_s, per_pair_s, per_seq_s, api_overhead_s]
+
+with the features read by the same `StepFeatures` the simulator uses. The
+constants are fitted by least squares on relative errors (each row divided
+by its measured time: a 50 ms decode step weighs as much as a 3 s prefill),
+constrained to be non-negative: a term that comes out negative is dropped
+(held at 0) and the rest refitted, until none is (a term the data cannot
+see, such as attention on a tiny model, ends at 0 rather than making
+another term absorb its sign). The error is reported per point, and as the
+mean and largest relative error of prefill and decode points apart.
+
+On a shared machine one repeat can take several times another (another
+process took the core). The repeats of a grid point are combined first, by
+their median, so that one such spike neither drags the fit nor hides: each
+point keeps its repeats (`detail["repeats_s"]`), and the report shows their
+spread beside the fit's error, the noise floor the error must be read against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_continuum.experiments.calibration.probes import Point
+from vllm_continuum.experiments.sim.cost_model import Linear, StepFeatures
+
+TERMS = ("step_s", "per_token_s", "per_pair_s", "per_seq_s", "api_overhead_s")
+
+
+def features(point: Point) -> list[float]:
+    total = StepFeatures(0.0, 0.0, 0.0, 0.0)
+    for batch in point.steps:
+        total = total + StepFeatures.of(batch)
+    return [float(len(point.steps)), total.tokens, total.pairs, total.decodes, float(point.overhead)]
+
+
+@dataclass
+class Fit:
+    coefficients: dict[str, float]
+    points: list[Point]
+
+    @property
+    def linear(self) -> Linear:
+        return Linear(**{k: v for k, v in self.coefficients.items() if k != "api_overhead_s"})
+
+    @property
+    def api_overhead_s(self) -> float:
+        return self.coefficients["api_overhead_s"]
+
+    def predicted(self, point: Point) -> float:
+        return float(np.dot(features(point), [self.coefficients[t] for t in TERMS]))
+
+    def relative_errors(self, kind: str | None = None) -> list[float]:
+        return [self.predicted(p) / p.measured_s - 1 for p in self.points
+                if kind is None or p.kind == kind]
+
+    def error_summary(self) -> dict:
+        out = {}
+        for kind in ("prefill", "decode", None):
+            errs = np.abs(self.relative_errors(kind))
+            if errs.size:
+                out[kind or "all"] = {"points": int(errs.size), "mean_abs_relative_error": float(errs.mean()),
+                                      "max_abs_relative_error": float(errs.max())}
+        return out
+
+
+def combine_repeats(points: Sequence[Point]) -> list[Point]:
+    """One point per grid point (kind and params): the median of its repeats' times,
+    the first repeat's steps, every repeat's time in detail["repeats_s"]."""
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.kind, tuple(sorted(p.params.items()))), []).append(p)
+    out = []
+    for same in groups.values():
+        times = [p.measured_s for p in same]
+        first = same[0]
+        out.append(Point(first.kind, first.params, first.steps, float(np.median(times)),
+                         first.overhead, {**first.detail, "repeats_s": times}))
+    return out
+
+
+def fit_points(points: Sequence[Point]) -> Fit:
+    """Non-negative least squares on relative errors, by dropping negative terms."""
+    if len(points) < len(TERMS):
+        raise ValueError(f"{len(points)} points cannot fit {len(TERMS)} constants: measure more")
+    x = np.array([features(p) for p in points])
+    y = np.array([p.measured_s for p in points])
+    weights = 1.0 / np.maximum(y, 1e-6)
+    xw, yw = x * weights[:, None], y * weights
+    active = [i for i in range(len(TERMS)) if x[:, i].any()]
+    solution = np.zeros(0)
+    while active:
+        solution, *_ = np.linalg.lstsq(xw[:, active], yw, rcond=None)
+        negative = [i for i, c in zip(active, solution) if c < 0]
+        if not negative:
+            break
+        active.remove(min(negative, key=lambda i: solution[active.index(i)]))
+    coefficients = dict.fromkeys(TERMS, 0.0)
+    coefficients.update({TERMS[i]: float(c) for i, c in zip(active, solution)})
+    return Fit(coefficients, list(points))

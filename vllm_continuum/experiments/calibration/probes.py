@@ -1,0 +1,175 @@
+"""The measurements, each isolating engine steps from the API server's own time.
+
+**Prefill** (`prefill_point`): a prompt of n token ids nobody sent before,
+`max_tokens` 1, streamed; its time to first token is the API server's
+per-request overhead plus the prefill's steps (ceil(n / max_num_batched_tokens)
+chunks). With `cached` c > 0, a prefix of c tokens is sent first (and
+finishes), so the timed request finds it in the prefix cache and prefills only
+its n new tokens, attending to all c + n: a resumed agent turn. The overhead
+is not subtracted here: the fit takes it as one unknown shared by all these
+points (`api_overhead_s`), which is the small-prompt baseline done by least
+squares.
+
+**Decode** (`decode_point`): B streams at context C. A prefix of C tokens is
+sent first, so that the B requests (the prefix plus a few tokens of their
+own) find it cached, prefill only their own tokens together, and then decode
+side by side; the pool holds one copy of the prefix (attention still reads C
+entries per sequence). In the window where all B streams are decoding (after
+the last first token, before the first finish), each stream's tokens arrive
+one engine step apart: the step time is the window's duration over the tokens
+a stream received in it (the median over streams). An inter-token gap holds no
+per-request overhead, so nothing is subtracted.
+
+Prompts are random ids in TOKEN_RANGE (ordinary tokens of any real
+tokenizer too), distinct per probe, so nothing but the intended prefix hits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+TOKEN_RANGE = (300, 2000)
+DECODE_TAIL = 8  # each decode stream's own tokens after the shared prefix
+
+
+@dataclass
+class Point:
+    """One measurement: the engine steps it timed, each a batch of (new tokens,
+    cached tokens) per request, and the seconds measured. `overhead`: whether
+    the time holds one request's API overhead (prefill TTFT) or not (a gap)."""
+
+    kind: str  # "prefill" or "decode"
+    params: dict
+    steps: list[list[tuple[int, int]]]
+    measured_s: float
+    overhead: bool
+    detail: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        """Each batch as [new, cached, requests] rows (a decode step of 64 alike is one row)."""
+        data = asdict(self)
+        data["steps"] = [[[n, c, k] for (n, c), k in Counter(batch).items()] for batch in self.steps]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> Point:
+        steps = [[(n, c) for n, c, k in batch for _ in range(k)] for batch in data["steps"]]
+        return cls(data["kind"], data["params"], steps, data["measured_s"], data["overhead"],
+                   data.get("detail", {}))
+
+
+class Prompts:
+    """Fresh random prompts, reproducible under the seed."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def fresh(self, n: int) -> list[int]:
+        return [self._rng.randrange(*TOKEN_RANGE) for _ in range(n)]
+
+
+async def _stream(client: httpx.AsyncClient, body: dict) -> tuple[float, list[tuple[float, int]], dict]:
+    """Send a streamed completion; return (send time, [(arrival, tokens)] per chunk
+    that carried tokens, usage)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True, "temperature": 0.0}
+    chunks: list[tuple[float, int]] = []
+    usage: dict = {}
+    sent = time.perf_counter()
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            text = (await response.aread()).decode(errors="replace")[:300]
+            raise RuntimeError(f"HTTP {response.status_code} from the server: {text}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line[6:].strip() == "[DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            now = time.perf_counter()
+            ids = sum(len(c.get("token_ids") or []) for c in chunk.get("choices") or [])
+            if ids:
+                chunks.append((now, ids))
+            usage = chunk.get("usage") or usage
+    return sent, chunks, usage
+
+
+def _cached(usage: dict) -> int | None:
+    details = usage.get("prompt_tokens_details") or {}
+    value = details.get("cached_tokens")
+    return None if value is None else int(value)
+
+
+async def _warm(client: httpx.AsyncClient, model: str, prompt: list[int]) -> None:
+    """Leave `prompt` in the prefix cache (its full blocks)."""
+    await _stream(client, {"model": model, "prompt": prompt, "max_tokens": 1})
+
+
+async def prefill_point(client: httpx.AsyncClient, model: str, prompts: Prompts, n: int,
+                        cached: int, block_size: int, chunk: int) -> Point:
+    prefix = prompts.fresh(cached)
+    if cached:
+        await _warm(client, model, prefix)
+    sent, chunks, usage = await _stream(
+        client, {"model": model, "prompt": prefix + prompts.fresh(n), "max_tokens": 1})
+    if not chunks:
+        raise RuntimeError(f"a prefill of {n} tokens returned no token")
+    # What the engine found cached: the server's count if it reports it
+    # (--enable-prompt-tokens-details), else the prefix's full blocks.
+    hit = _cached(usage)
+    hit = cached // block_size * block_size if hit is None else hit
+    new = cached + n - hit
+    steps = [[(k, hit + done)] for done, k in _chunks(new, chunk)]
+    return Point("prefill", {"n": n, "cached": cached}, steps, chunks[0][0] - sent, True,
+                 {"cache_hit_tokens": hit, "cached_reported": _cached(usage) is not None})
+
+
+def _chunks(n: int, size: int) -> list[tuple[int, int]]:
+    """(tokens done before, tokens in this chunk) of a prefill chunked by `size`."""
+    return [(done, min(size, n - done)) for done in range(0, n, size)]
+
+
+def steady_step_s(streams: list[list[tuple[float, int]]]) -> tuple[float, dict]:
+    """The step time from B streams' token arrivals: in the window where every
+    stream has its first token and none has finished, each stream's elapsed time
+    over the tokens it received (median over streams)."""
+    start = max(chunks[0][0] for chunks in streams)
+    end = min(chunks[-1][0] for chunks in streams)
+    per_stream, tokens_in_window = [], []
+    for chunks in streams:
+        inside = [(t, k) for t, k in chunks if start <= t <= end]
+        if len(inside) < 2:
+            continue
+        tokens = sum(k for _, k in inside[1:])
+        per_stream.append((inside[-1][0] - inside[0][0]) / tokens)
+        tokens_in_window.append(tokens)
+    if not per_stream:
+        raise RuntimeError("the decode streams never decoded side by side: raise --decode-tokens")
+    step = statistics.median(per_stream)
+    return step, {"window_s": end - start, "tokens_per_stream": statistics.median(tokens_in_window),
+                  "stream_step_s_min": min(per_stream), "stream_step_s_max": max(per_stream)}
+
+
+async def decode_point(client: httpx.AsyncClient, model: str, prompts: Prompts, batch: int,
+                       context: int, tokens: int, block_size: int) -> Point:
+    prefix = prompts.fresh(context // block_size * block_size)
+    if prefix:
+        await _warm(client, model, prefix)
+    body = {"model": model, "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True}
+    results = await asyncio.gather(*(
+        _stream(client, {**body, "prompt": prefix + prompts.fresh(DECODE_TAIL)})
+        for _ in range(batch)))
+    streams = [chunks for _, chunks, _ in results]
+    if any(len(chunks) < 2 for chunks in streams):
+        raise RuntimeError(f"a decode stream of {tokens} tokens sent under 2 chunks")
+    step, detail = steady_step_s(streams)
+    # The window's mean position: contexts grow by one token a step.
+    mid = len(prefix) + DECODE_TAIL + round(tokens - detail["tokens_per_stream"] / 2)
+    return Point("decode", {"batch": batch, "context": context}, [[(1, mid)] * batch], step, False,
+                 {**detail, "context_mid": mid})
