@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from vllm_continuum.experiments.live.compare import merge_runs, one_shot_line, round_table
+from vllm_continuum.experiments.live.compare import merge_runs, one_shot_line
+from vllm_continuum.experiments.live.rounds import round_outcomes, round_table
 from vllm_continuum.experiments.live.replay import new_tokens
 from vllm_continuum.experiments.report import markdown_table, plot_runs, summarize, write_runs
 from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
@@ -78,7 +79,7 @@ def test_one_shot_columns_from_known_inputs(tmp_path):
     rounds = round_table([[stock, ours]])
     assert rounds.splitlines()[0].endswith("| one-shot p99 TTFT s | one-shot p99 TTFT / stock's |")
     (row,) = [r for r in rounds.splitlines() if "| continuum |" in r]
-    assert row.endswith(f"| 2.00x | 100.0% | 19.520 | {19.52 / 4.96:.2f}x |")
+    assert row.endswith(f"| 2.00x | 5.0 | 2.00x | 100.0% | 19.520 | {19.52 / 4.96:.2f}x |")
     line = one_shot_line(o, s)
     assert "p50 6.000 s, p99 19.520 s" in line and f"({19.52 / 4.96:.2f}x stock's)" in line
 
@@ -116,10 +117,18 @@ def test_round_table_gives_each_round_and_the_spread():
     rounds = [[_run("stock", 10.0, 32), _run("continuum", 5.0, 110)],
               [_run("continuum", 16.0, 110), _run("stock", 8.0, 32)]]
     lines = round_table(rounds).splitlines()
-    assert "| 1 | stock then continuum | continuum | 5.00 | 2.00x | 100.0% |" in lines
-    assert "| 2 | continuum then stock | continuum | 16.00 | 0.50x | 100.0% |" in lines
-    assert lines[-1] == ("continuum: stock / mean JCT by round 0.50x to 2.00x, "
-                         "geometric mean 1.00x over 2 rounds")
+    # One program per run arriving at 0: its JCT is the makespan.
+    assert "| 1 | stock then continuum | continuum | 5.00 | 2.00x | 5.0 | 2.00x | 100.0% |" in lines
+    assert "| 2 | continuum then stock | continuum | 16.00 | 0.50x | 16.0 | 0.50x | 100.0% |" in lines
+    assert ("continuum: stock / mean JCT by round 0.50x to 2.00x, "
+            "geometric mean 1.00x over 2 rounds") in lines
+    assert ("continuum: stock / makespan by round 0.50x to 2.00x, "
+            "geometric mean 1.00x over 2 rounds") in lines
+    assert lines[-1] == ("stock alone (the machine's drift, not signal): mean JCT 8.00-10.00 s "
+                         "(max / min 1.25x), makespan 8.0-10.0 s (1.25x) over 2 rounds")
+    outcomes = round_outcomes(rounds)
+    assert outcomes.startswith("Round 1. Outcome against stock") and "Round 2." in outcomes
+    assert "| continuum | 0% | 0.50x | 0.50x | 2.00x |" in outcomes
 
 
 def test_new_tokens_are_distinct_and_stable():

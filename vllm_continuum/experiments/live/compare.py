@@ -11,13 +11,15 @@ one run are reported. With a mixed workload (`--workload cpu-mixed`), the
 one-shot requests' TTFT (p50, p99, and p99 over stock's) is reported beside
 the agents' figures. `--hints none` replays without any continuum hint
 (turn_body.py); `--continuum-settings` adds settings to every continuum
-flavour's (flavours.py).
+flavour's (flavours.py). Each round's replays are recorded with the trace
+they sent (rounds.py), for `vllm-continuum predict`; the report gives each
+round against its own stock (means, makespan, outcomes program by program)
+and how far stock itself moved between rounds.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -32,6 +34,7 @@ from vllm_continuum.experiments.live.flavours import (
     FLAVOURS,
 )
 from vllm_continuum.experiments.live.replay import replay
+from vllm_continuum.experiments.live.rounds import round_outcomes, round_table, save_round
 from vllm_continuum.experiments.live.server_counters import continuum_counters, counters_line
 from vllm_continuum.experiments.live.turn_body import HINTS_ALL
 from vllm_continuum.experiments.publish import publish_report
@@ -128,6 +131,7 @@ def run_compare(
     A B, ...), so that a drift in the machine's load weighs on each alike; the
     table pools each flavour's programs over its rounds and a second table gives
     each round's ratio to stock."""
+    from vllm_continuum.config import load_config
     from vllm_continuum.experiments.live.bench_model import build_bench_model
     from vllm_continuum.tools.local_server import flavour_server
     from vllm_continuum.tools.prefill_probe import measure, report
@@ -197,13 +201,19 @@ def run_compare(
                          seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-",
                          hints=hints)
             run.meta["round"] = round_no + 1
+            run.meta["flavour"] = name
             if flavour.server == "continuum":
+                # What this server ran with, defaults included: a later `predict` gives
+                # the simulator exactly this, whatever the defaults have become.
+                run.meta["continuum_settings"] = settings
+                run.meta["continuum_config"] = load_config(**settings).model_dump(mode="json")
                 run.meta["server_counters"] = continuum_counters(server.base_url)
                 if run.meta["server_counters"]:
                     counter_lines.append(f"round {round_no + 1}, " + counters_line(
                         name, run.meta["server_counters"]))
                     print(f"[compare] {counter_lines[-1]}", flush=True)
             rounds[round_no].append(run)
+            save_round(run, trace, out_dir)
         finally:
             server.stop()
     runs = [merge_runs([r for rnd in rounds for r in rnd if r.label == name], name)
@@ -212,6 +222,9 @@ def run_compare(
     if repeats > 1:
         text += "\n\n" + round_table(rounds)
         (out_dir / "rounds.md").write_text(round_table(rounds) + "\n")
+    outcomes = round_outcomes(rounds)
+    if outcomes:
+        text += "\n\n" + outcomes
     if counter_lines:
         text += "\n\nWhat each continuum server counted (its /metrics at the end of its replay):\n"
         text += "\n".join(f"- {line}" for line in counter_lines)
@@ -233,33 +246,3 @@ def merge_runs(runs: Sequence[RunResult], label: str) -> RunResult:
         merged.one_shot += [replace(t, program=f"r{i}/{t.program}") for t in r.one_shot]
         merged.errors += r.errors
     return merged
-
-
-def round_table(rounds: Sequence[Sequence[RunResult]]) -> str:
-    """Each round's figures and ratios to stock (with one-shot traffic, its one-shot
-    p99 TTFT and that over stock's), then each flavour's spread over the rounds."""
-    one_shot = any(r.one_shot for rnd in rounds for r in rnd)
-    head = ["round", "order", "run", "mean JCT s", "stock / mean JCT", "reuse of prev prompt"]
-    head += ["one-shot p99 TTFT s", "one-shot p99 TTFT / stock's"] if one_shot else []
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    jct_ratios: dict[str, list[float]] = {}
-    for i, rnd in enumerate(rounds, 1):
-        sums = [summarize(r) for r in rnd]
-        base = next((s for s in sums if s["label"] == "stock"), None)
-        order = " then ".join(r.label for r in rnd)
-        for s in sums:
-            cells = [str(i), order, s["label"], f"{s['jct_mean_s']:.2f}",
-                     ratio(base["jct_mean_s"], s["jct_mean_s"]) if base else "",
-                     f"{s['reuse_of_prev_prompt']:.1%}"]
-            if one_shot:
-                cells += [f"{s['one_shot_ttft_p99_s']:.3f}",
-                          ratio(s["one_shot_ttft_p99_s"], base["one_shot_ttft_p99_s"]) if base else ""]
-            lines.append("| " + " | ".join(cells) + " |")
-            if base and s is not base and s["jct_mean_s"]:
-                jct_ratios.setdefault(s["label"], []).append(base["jct_mean_s"] / s["jct_mean_s"])
-    lines += [""] if jct_ratios else []
-    for label, values in jct_ratios.items():
-        geo = math.exp(sum(math.log(v) for v in values) / len(values))
-        lines.append(f"{label}: stock / mean JCT by round {min(values):.2f}x to {max(values):.2f}x, "
-                     f"geometric mean {geo:.2f}x over {len(values)} rounds")
-    return "\n".join(lines)

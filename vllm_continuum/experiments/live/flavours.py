@@ -23,6 +23,10 @@ FLAVOURS = {"stock": Flavour("stock", "stock")} | {
     for ttl in ("continuum", "fixed", "forever")
     for name, settings in pressure_variants(ttl, {"ttl_policy": ttl}, "pressure_policy").items()
 } | {
+    # Exactly what ships, whatever the defaults are (issue 19 changes them), and
+    # what ships without its pins: the queue order and admission alone.
+    "default": Flavour("default", "continuum", {}),
+    "never": Flavour("never", "continuum", {"ttl_policy": "never"}),
     # The shipped TTL policy in the paper's queue order: what `sessionless_first`
     # costs the agents and buys the one-shot requests, live (docs/benchmarks.md).
     "continuum-program-fcfs": Flavour(
