@@ -8,6 +8,7 @@
     vllm-continuum tiny-model DIR      build the small random-weight test model
     vllm-continuum bench | compare | sim | matrix | overhead | workload | convert   the benchmarks
     vllm-continuum calibrate --url URL --out FILE   a server's step time, as a simulator cost model
+    vllm-continuum predict RUN_DIR --cost-model FILE   a compare run simulated beside what it measured
 """
 
 from __future__ import annotations
@@ -113,13 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_continuum.experiments import cli as experiments_cli
     from vllm_continuum.experiments.calibration import cli as calibration_cli
     from vllm_continuum.experiments.live import cli as live_cli
+    from vllm_continuum.experiments.prediction import cli as prediction_cli
     from vllm_continuum.experiments.sim import cli as sim_cli
 
     before = set(sub.choices)
     live_cli.register(sub)  # bench, compare
     experiments_cli.register(sub)  # workload, convert
     sim_cli.register(sub)  # sim, matrix, overhead, fit-cost-model
-    calibration_cli.register(sub)  # calibrate
+    calibration_cli.register(sub)  # calibrate, sizing
+    prediction_cli.register(sub)  # predict
     for name in set(sub.choices) - before:
         sub.choices[name].set_defaults(needs="bench")
 

@@ -83,3 +83,23 @@ def test_plan_keeps_what_the_pool_holds():
     assert lengths == [16, 128, 256, 512, 1024, 2048, 4080]  # past 2048: chunked
     assert ("prefill", (512, 1020)) in probes and probes.count(("prefill", (16, 0))) == 2
     assert ("decode", (1, 4024)) in probes and any("B=64 C=2040" in s for s in skipped)
+
+
+def test_sizing_reads_reprefill_against_decode_by_hand():
+    """One program, turn 1 at a 1,000-token history with 100 new tokens and 10
+    output tokens, on a model without attention cost: the re-prefill is the
+    history's tokens (1,000 x 3e-4 s; same steps: a 1,100-token prefill is one
+    step either way), the decode 10 steps of 0.02 + 3e-4 + 1e-3 s alone."""
+    from vllm_continuum.experiments.calibration.sizing import resumed_turn_costs, sizing_report
+    from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+
+    cost = TRUE.model_copy(update={"linear": Linear(step_s=0.02, per_token_s=3e-4, per_pair_s=0.0,
+                                                    per_seq_s=1e-3)})
+    trace = Trace([Program("a", 0.0, (Turn(990, 10, "grep", 1.0), Turn(100, 10)))])
+    (row,) = resumed_turn_costs(trace, cost, batch=4)
+    assert row["context"] == 1100
+    assert row["reprefill_s"] == pytest.approx(1000 * 3e-4)
+    assert row["decode_alone_s"] == pytest.approx(10 * (0.02 + 3e-4 + 1e-3))
+    assert row["decode_batched_s"] == pytest.approx(10 * (0.02 + 4 * (3e-4 + 1e-3)))
+    report = sizing_report(trace, cost, batch=4)
+    assert "the pool holds 4.58 of the final contexts" in report  # 159 x 32 / 1,110

@@ -78,7 +78,7 @@ def test_a_command_without_its_extra_names_the_extra(monkeypatch):
 
 @pytest.mark.parametrize("command", [
     "demo", "pause-demo", "serve", "cluster", "profile", "tiny-model",
-    "bench", "compare", "workload", "convert", "sim", "overhead", "fit-cost-model", "calibrate",
+    "bench", "compare", "workload", "convert", "sim", "overhead", "fit-cost-model", "calibrate", "predict", "sizing",
 ])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -1,4 +1,5 @@
-"""`vllm-continuum calibrate`: registered by `register(subparsers)` (vllm_continuum/cli.py)."""
+"""`vllm-continuum calibrate` and `sizing` (a workload read on a calibrated cost
+model): registered by `register(subparsers)` (vllm_continuum/cli.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,22 @@ def _calibrate(args: argparse.Namespace) -> int:
     )
 
 
+def _sizing(args: argparse.Namespace) -> int:
+    from vllm_continuum.experiments.calibration.sizing import sizing_report
+    from vllm_continuum.experiments.sim.cost_model import load_cost_model
+    from vllm_continuum.experiments.workload_spec import load_trace
+
+    cost = load_cost_model(args.cost_model)
+    if args.num_blocks:
+        cost = cost.model_copy(update={"num_gpu_blocks": args.num_blocks})
+    trace = load_trace(args.workload, num_programs=args.programs, arrival_rate=args.rate, seed=args.seed)
+    print(sizing_report(trace, cost, args.batch))
+    return 0
+
+
 def register(subparsers) -> None:
+    from vllm_continuum.experiments.cli import workload_args
+
     p = subparsers.add_parser(
         "calibrate", help="measure a running server's step time and write a simulator cost model",
         description="Times prefills (TTFT of fresh prompts, cold and after a cached prefix) and "
@@ -42,3 +58,11 @@ def register(subparsers) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int,
                        help=f"{name}, if the server does not say it")
     p.set_defaults(run=_calibrate)
+
+    p = subparsers.add_parser(
+        "sizing", help="a workload on a cost model: re-prefill vs decode of resumed turns, pool vs contexts")
+    workload_args(p, "cpu-overload")
+    p.add_argument("--cost-model", required=True, help="e.g. one `calibrate` wrote for the server")
+    p.add_argument("--num-blocks", type=int, help="KV pool in blocks (default: the cost model's)")
+    p.add_argument("--batch", type=int, default=8, help="decodes beside each other for the batched figure")
+    p.set_defaults(run=_sizing)

@@ -219,9 +219,8 @@ def run_compare(
     runs = [merge_runs([r for rnd in rounds for r in rnd if r.label == name], name)
             for name in flavours]
     text = _report(runs, out_dir, "stock" if "stock" in flavours else None, setup)
-    if repeats > 1:
-        text += "\n\n" + round_table(rounds)
-        (out_dir / "rounds.md").write_text(round_table(rounds) + "\n")
+    text += "\n\n" + round_table(rounds)
+    (out_dir / "rounds.md").write_text(round_table(rounds) + "\n")
     outcomes = round_outcomes(rounds)
     if outcomes:
         text += "\n\n" + outcomes

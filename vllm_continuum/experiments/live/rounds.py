@@ -60,7 +60,7 @@ def load_rounds(out_dir: Path) -> list[RoundRecord]:
         data = json.loads((where / "results.json").read_text())
         run = RunResult.from_json(data["runs"][0])
         records.append(RoundRecord(int(run.meta["round"]), run, Trace.load(where / SENT_TRACE)))
-    return sorted(records, key=lambda r: (r.round, r.run.started_at))
+    return sorted(records, key=lambda r: (r.round, r.run.started_at, r.label))
 
 
 def _geo(xs: Sequence[float]) -> float:
