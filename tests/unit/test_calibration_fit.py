@@ -103,3 +103,16 @@ def test_sizing_reads_reprefill_against_decode_by_hand():
     assert row["decode_batched_s"] == pytest.approx(10 * (0.02 + 4 * (3e-4 + 1e-3)))
     report = sizing_report(trace, cost, batch=4)
     assert "the pool holds 4.58 of the final contexts" in report  # 159 x 32 / 1,110
+
+
+def test_staggered_streams_give_the_step_of_the_batch_that_overlapped():
+    """Under load the server may start the last streams after the first finished:
+    then the widest window holds fewer streams, and the point says how many."""
+    def stream(start, end):
+        return [(start + 0.1 * k, 1) for k in range(round((end - start) / 0.1) + 1)]
+
+    step, detail = steady_step_s([stream(0.0, 1.0), stream(0.5, 2.0), stream(1.55, 3.0)])
+    assert step == pytest.approx(0.1) and detail["batch_decoding"] == 2
+    assert detail["window_s"] == pytest.approx(0.5)
+    with pytest.raises(RuntimeError, match="never decoded side by side"):
+        steady_step_s([stream(0.0, 0.2), stream(0.15, 0.4)])

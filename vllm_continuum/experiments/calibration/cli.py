@@ -13,11 +13,22 @@ def _calibrate(args: argparse.Namespace) -> int:
     from vllm_continuum.experiments.calibration.command import run_calibrate
     from vllm_continuum.experiments.cli import command_line
 
-    return run_calibrate(
-        args.url, args.out, flags={k: getattr(args, k) for k in FIELDS}, lengths=args.lengths,
-        batches=args.batches, contexts=args.contexts, repeats=args.repeats,
-        decode_tokens=args.decode_tokens, seed=args.seed, command=command_line(),
-    )
+    def calibrate(url: str) -> int:
+        return run_calibrate(
+            url, args.out, flags={k: getattr(args, k) for k in FIELDS}, lengths=args.lengths,
+            batches=args.batches, contexts=args.contexts, repeats=args.repeats,
+            decode_tokens=args.decode_tokens, seed=args.seed, command=command_line(),
+        )
+
+    if args.bench_server is None:
+        return calibrate(args.url)
+    from vllm_continuum.experiments.calibration.bench_server import bench_server
+    from vllm_continuum.experiments.live.flavours import DEFAULT_MAX_MODEL_LEN, DEFAULT_NUM_BLOCKS
+
+    blocks = args.num_gpu_blocks or DEFAULT_NUM_BLOCKS
+    window = args.max_model_len or DEFAULT_MAX_MODEL_LEN
+    with bench_server(args.bench_server, blocks, window, args.out.parent / "calibrate-logs") as url:
+        return calibrate(url)
 
 
 def _sizing(args: argparse.Namespace) -> int:
@@ -44,6 +55,10 @@ def register(subparsers) -> None:
                     "it with the server's pool and limits and the measurements "
                     "(docs/calibration.md). Run it on an otherwise idle server.")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the vLLM server to measure")
+    p.add_argument("--bench-server", type=int, metavar="LAYERS",
+                   help="instead of --url: start the CPU benchmark's server as `compare` does "
+                        "(the benchmark model of this depth; --num-gpu-blocks, default 160, and "
+                        "--max-model-len, default 4096), calibrate it, stop it")
     p.add_argument("--out", type=Path, required=True, help="the cost-model YAML to write")
     p.add_argument("--lengths", type=int, nargs="+",
                    help="cold prefill lengths (default: 16, then doubling from 128 to the context window)")

@@ -88,7 +88,8 @@ def plan(shape: ServerShape, *, lengths: Sequence[int] | None, batches: Sequence
 
 
 async def measure(base_url: str, shape: ServerShape, probes: list, *, decode_tokens: int,
-                  seed: int) -> list[Point]:
+                  seed: int, failed: list[str]) -> list[Point]:
+    """Every probe's point; a probe that fails is left out and said in `failed`."""
     prompts = Prompts(seed)
     order = list(probes)
     random.Random(seed).shuffle(order)
@@ -98,12 +99,15 @@ async def measure(base_url: str, shape: ServerShape, probes: list, *, decode_tok
             await prefill_point(client, shape.model, prompts, 16, 0, shape.block_size,
                                 shape.max_num_batched_tokens)
         for kind, args in tqdm(order, desc="calibrate", unit="probe"):
-            if kind == "prefill":
-                points.append(await prefill_point(client, shape.model, prompts, *args,
-                                                  shape.block_size, shape.max_num_batched_tokens))
-            else:
-                points.append(await decode_point(client, shape.model, prompts, *args, decode_tokens,
-                                                 shape.block_size))
+            try:
+                if kind == "prefill":
+                    points.append(await prefill_point(client, shape.model, prompts, *args,
+                                                      shape.block_size, shape.max_num_batched_tokens))
+                else:
+                    points.append(await decode_point(client, shape.model, prompts, *args,
+                                                     decode_tokens, shape.block_size))
+            except RuntimeError as exc:
+                failed.append(f"{kind} {args}: {exc}")
     return points
 
 
@@ -163,7 +167,9 @@ def run_calibrate(url: str, out: Path, *, flags: dict[str, int | None], lengths:
                            repeats=repeats, decode_tokens=decode_tokens)
     load_before = os.getloadavg()
     started = time.time()
-    points = asyncio.run(measure(url, shape, probes, decode_tokens=decode_tokens, seed=seed))
+    failed: list[str] = []
+    points = asyncio.run(measure(url, shape, probes, decode_tokens=decode_tokens, seed=seed,
+                                 failed=failed))
     fit = fit_points(combine_repeats(points))
     calibration = {
         "command": command or "vllm-continuum calibrate",
@@ -177,12 +183,13 @@ def run_calibrate(url: str, out: Path, *, flags: dict[str, int | None], lengths:
         "shape_sources": shape.sources,
         "decode_tokens": decode_tokens,
         "fit_error": fit.error_summary(),
+        "not_measured": skipped + failed,
         "points": [{**p.to_json(), "fitted_s": fit.predicted(p)} for p in fit.points],
     }
     data = cost_model_data(Path(out).stem, shape, fit, calibration)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(yaml.safe_dump(data, sort_keys=False, width=100))
     load_cost_model(out)  # what `sim --cost-model` will read
-    print(report(fit, shape, skipped))
+    print(report(fit, shape, skipped + failed))
     print(f"\nwrote {out}; simulate with it: vllm-continuum sim --cost-model {out}")
     return 0

@@ -135,12 +135,27 @@ def _chunks(n: int, size: int) -> list[tuple[int, int]]:
     return [(done, min(size, n - done)) for done in range(0, n, size)]
 
 
+def _widest_full_window(streams: list[list[tuple[float, int]]]) -> tuple[float, float, int]:
+    """The longest interval in which the most streams decode at once: (start, end, how many).
+    A stream decodes from its first token to its last. Usually all B overlap; under load
+    the API server may hand the engine the last requests after the first finished."""
+    spans = [(chunks[0][0], chunks[-1][0]) for chunks in streams]
+    edges = sorted({t for span in spans for t in span})
+    active = [(a, b, sum(s <= a and b <= e for s, e in spans)) for a, b in zip(edges, edges[1:])]
+    most = max(k for _, _, k in active)
+    best, run = (0.0, 0.0), None
+    for a, b, k in active:
+        run = (run[0] if run else a, b) if k == most else None
+        if run and run[1] - run[0] > best[1] - best[0]:
+            best = run
+    return best[0], best[1], most
+
+
 def steady_step_s(streams: list[list[tuple[float, int]]]) -> tuple[float, dict]:
-    """The step time from B streams' token arrivals: in the window where every
-    stream has its first token and none has finished, each stream's elapsed time
-    over the tokens it received (median over streams)."""
-    start = max(chunks[0][0] for chunks in streams)
-    end = min(chunks[-1][0] for chunks in streams)
+    """The step time from B streams' token arrivals: in the longest window where the
+    most streams decode at once (all B, unless the server staggered them), each
+    stream's elapsed time over the tokens it received (median over streams)."""
+    start, end, batch = _widest_full_window(streams)
     per_stream, tokens_in_window = [], []
     for chunks in streams:
         inside = [(t, k) for t, k in chunks if start <= t <= end]
@@ -149,11 +164,13 @@ def steady_step_s(streams: list[list[tuple[float, int]]]) -> tuple[float, dict]:
         tokens = sum(k for _, k in inside[1:])
         per_stream.append((inside[-1][0] - inside[0][0]) / tokens)
         tokens_in_window.append(tokens)
-    if not per_stream:
-        raise RuntimeError("the decode streams never decoded side by side: raise --decode-tokens")
+    if len(per_stream) < batch or statistics.median(tokens_in_window) < 4:
+        raise RuntimeError(f"{len(streams)} decode streams never decoded side by side for 4 steps: "
+                           "raise --decode-tokens or lower --batches")
     step = statistics.median(per_stream)
     return step, {"window_s": end - start, "tokens_per_stream": statistics.median(tokens_in_window),
-                  "stream_step_s_min": min(per_stream), "stream_step_s_max": max(per_stream)}
+                  "batch_decoding": batch, "stream_step_s_min": min(per_stream),
+                  "stream_step_s_max": max(per_stream)}
 
 
 async def decode_point(client: httpx.AsyncClient, model: str, prompts: Prompts, batch: int,
@@ -171,5 +188,6 @@ async def decode_point(client: httpx.AsyncClient, model: str, prompts: Prompts, 
     step, detail = steady_step_s(streams)
     # The window's mean position: contexts grow by one token a step.
     mid = len(prefix) + DECODE_TAIL + round(tokens - detail["tokens_per_stream"] / 2)
-    return Point("decode", {"batch": batch, "context": context}, [[(1, mid)] * batch], step, False,
+    decoding = detail["batch_decoding"]  # the step held this many decodes (B, unless staggered)
+    return Point("decode", {"batch": batch, "context": context}, [[(1, mid)] * decoding], step, False,
                  {**detail, "context_mid": mid})

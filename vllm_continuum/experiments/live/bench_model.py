@@ -38,6 +38,14 @@ def bench_model_spec(num_layers: int = DEFAULT_LAYERS) -> dict:
     return {**QWEN25_05B_SHAPE, "num_hidden_layers": num_layers, "build": BUILD_VERSION}
 
 
+def bench_model(num_layers: int, model_dir: str | pathlib.Path | None = None) -> pathlib.Path:
+    """The benchmark model of this depth, built if missing (by default in the user's
+    cache, one directory per depth): what `compare` and `calibrate --bench-server` serve."""
+    if model_dir is None:
+        model_dir = pathlib.Path.home() / ".cache" / "vllm-continuum" / f"bench-model-{num_layers}l"
+    return build_bench_model(model_dir, num_layers)
+
+
 def build_bench_model(path: str | pathlib.Path, num_layers: int = DEFAULT_LAYERS) -> pathlib.Path:
     """Write the benchmark model to `path` (idempotent for the same spec)."""
     import torch

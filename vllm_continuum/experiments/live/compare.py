@@ -132,7 +132,7 @@ def run_compare(
     table pools each flavour's programs over its rounds and a second table gives
     each round's ratio to stock."""
     from vllm_continuum.config import load_config
-    from vllm_continuum.experiments.live.bench_model import build_bench_model
+    from vllm_continuum.experiments.live.bench_model import bench_model
     from vllm_continuum.tools.local_server import flavour_server
     from vllm_continuum.tools.prefill_probe import measure, report
 
@@ -141,9 +141,7 @@ def run_compare(
         raise SystemExit(f"unknown flavours {unknown}; known: {sorted(FLAVOURS)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if model_dir is None:
-        model_dir = Path.home() / ".cache" / "vllm-continuum" / f"bench-model-{num_layers}l"
-    model = str(build_bench_model(model_dir, num_layers))
+    model = str(bench_model(num_layers, model_dir))
     trace = trace_for_run(workload, out_dir, num_programs=num_programs, arrival_rate=rate, seed=seed)
     setup = {
         "command": command,

@@ -1,0 +1,27 @@
+"""`calibrate --bench-server`: start the CPU benchmark's server, as `compare` starts
+its stock flavour (the benchmark model of `--layers` depth, the same flags,
+pool and context window), calibrate it, and stop it: so that the cost model
+describes exactly the server the live runs use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def bench_server(num_layers: int, num_blocks: int, max_model_len: int, log_dir: Path) -> Iterator[str]:
+    from vllm_continuum.experiments.live.bench_model import bench_model
+    from vllm_continuum.tools.local_server import flavour_server
+
+    server = flavour_server("stock", str(bench_model(num_layers)), log_dir, num_blocks=num_blocks,
+                            extra_args=["--max-model-len", str(max_model_len)])
+    print(f"[calibrate] starting the benchmark server ({num_layers} layers, {num_blocks} blocks); "
+          f"log: {server.log_path}", flush=True)
+    server.start()
+    try:
+        server.wait_ready(timeout_s=600)
+        yield server.base_url
+    finally:
+        server.stop()
