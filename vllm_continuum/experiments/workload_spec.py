@@ -23,7 +23,7 @@ longer run extends a shorter one, and the arrival times from another.
 **One-shot requests** (`one_shot:`, optional): chat traffic without a
 session beside the agents, each a single turn (trace_format.py), arriving as a
 Poisson process of their own at `one_shot.arrival_rate` requests/s from the
-run's start until the last agent program arrives, with prompt and output
+run's start until the last agent program arrives (or `one_shot.until_s`), with prompt and output
 sizes from their own distributions. Their arrivals and sizes come from
 streams of their own, so adding them to a spec leaves its agents exactly as
 they were. `base: NAME` takes every field of another spec not given here:
@@ -86,6 +86,9 @@ class OneShotSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     arrival_rate: float = Field(gt=0, description="requests per second (Poisson)")
+    until_s: float | None = Field(
+        None, gt=0, description="arrivals until this time (default: the last agent program's "
+        "arrival); for a batch that arrives at once, chat traffic that goes on while it runs")
     prompt_tokens: Dist
     output_tokens: Dist
     note: str = ""
@@ -248,7 +251,7 @@ def generate(spec: WorkloadSpec) -> Trace:
         "generator": "vllm_continuum.experiments.workload_spec",
     }
     if spec.one_shot is not None:
-        until = float(arrivals[-1])
+        until = spec.one_shot.until_s or float(arrivals[-1])
         chat = [_one_shot(spec, i, t) for i, t in enumerate(_one_shot_arrivals(spec, until))]
         programs = sorted(programs + chat, key=lambda p: (p.arrival_s, p.id))
         meta |= {"one_shot_rate": spec.one_shot.arrival_rate, "one_shot_requests": len(chat)}

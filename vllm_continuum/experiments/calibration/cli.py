@@ -27,7 +27,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     blocks = args.num_gpu_blocks or DEFAULT_NUM_BLOCKS
     window = args.max_model_len or DEFAULT_MAX_MODEL_LEN
-    with bench_server(args.bench_server, blocks, window, args.out.parent / "calibrate-logs") as url:
+    with bench_server(args.bench_server, blocks, window, args.logs) as url:
         return calibrate(url)
 
 
@@ -59,6 +59,8 @@ def register(subparsers) -> None:
                    help="instead of --url: start the CPU benchmark's server as `compare` does "
                         "(the benchmark model of this depth; --num-gpu-blocks, default 160, and "
                         "--max-model-len, default 4096), calibrate it, stop it")
+    p.add_argument("--logs", type=Path, default=Path("runs/calibrate-logs"),
+                   help="--bench-server: where the server's log goes")
     p.add_argument("--out", type=Path, required=True, help="the cost-model YAML to write")
     p.add_argument("--lengths", type=int, nargs="+",
                    help="cold prefill lengths (default: 16, then doubling from 128 to the context window)")

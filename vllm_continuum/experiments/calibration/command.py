@@ -125,7 +125,7 @@ def machine() -> dict:
 def cost_model_data(name: str, shape: ServerShape, fit: Fit, calibration: dict) -> dict:
     return {
         "name": name,
-        "description": (f"Calibrated on {calibration['url']} (model {shape.model}) by "
+        "description": (f"Calibrated on {calibration['url']} (model {shape.root}) by "
                         f"`{calibration['command']}` on {calibration['date']}. {METHOD}"),
         "kind": "linear",
         **{k: shape.values[k] for k in ("block_size", "num_gpu_blocks", "max_num_seqs",
@@ -175,7 +175,7 @@ def run_calibrate(url: str, out: Path, *, flags: dict[str, int | None], lengths:
         "command": command or "vllm-continuum calibrate",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "url": url,
-        "model": shape.model,
+        "model": shape.root,
         "machine": machine(),
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "duration_s": round(time.time() - started, 1),

@@ -27,9 +27,10 @@ CPU_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048}
 
 @dataclass
 class ServerShape:
-    model: str
+    model: str  # the served name, which requests carry
     values: dict[str, int]
     sources: dict[str, str] = field(default_factory=dict)
+    root: str = ""  # where the server loaded it from (/v1/models), for the provenance
 
     def __getattr__(self, name: str) -> int:
         if name in FIELDS:
@@ -99,4 +100,4 @@ def read_shape(base_url: str, flags: dict[str, int | None]) -> ServerShape:
         flags_text = " ".join(f"--{k.replace('_', '-')} N" for k in missing)
         raise SystemExit(f"the server at {base_url} does not say its {', '.join(missing)}: "
                          f"pass {flags_text}")
-    return ServerShape(str(card["id"]), values, origin)
+    return ServerShape(str(card["id"]), values, origin, str(card.get("root") or card["id"]))
