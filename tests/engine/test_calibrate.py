@@ -44,6 +44,11 @@ def test_calibrate_writes_a_cost_model_the_simulator_runs(live_servers, tmp_path
     extended = [p for p in cal["points"] if p["kind"] == "prefill" and p["params"]["cached"]]
     assert all(p["detail"]["cache_hit_tokens"] == p["params"]["cached"] // 32 * 32 for p in extended)
     assert all(p["measured_s"] > 0 and math.isfinite(p["fitted_s"]) for p in cal["points"])
+    # Under a grammar, at the shortest context: reported beside the fit, not in it.
+    guided = cal["guided_decode"]
+    assert sorted(p["params"]["batch"] for p in guided) == [1, 4]
+    assert all(p["kind"] == "decode-guided" and p["measured_s"] > 0 and p["params"]["context"] == 64
+               for p in guided)
     assert set(cal["fit_error"]) == {"prefill", "decode", "all"}
     # What `sim --cost-model FILE` does with it: a short run completes.
     trace = Trace([Program("a", 0.0, (Turn(200, 8, "grep", 0.5), Turn(50, 4))),

@@ -17,7 +17,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         return run_calibrate(
             url, args.out, flags={k: getattr(args, k) for k in FIELDS}, lengths=args.lengths,
             batches=args.batches, contexts=args.contexts, repeats=args.repeats,
-            decode_tokens=args.decode_tokens, seed=args.seed, command=command_line(),
+            decode_tokens=args.decode_tokens, seed=args.seed, guided=not args.no_guided,
+            command=command_line(),
         )
 
     if args.bench_server is None:
@@ -71,6 +72,9 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=2, help="repeats of each point")
     p.add_argument("--decode-tokens", type=int, default=48, help="tokens each decode stream generates")
     p.add_argument("--seed", type=int, default=0, help="prompts and probe order")
+    p.add_argument("--no-guided", action="store_true",
+                   help="skip the decode points under a grammar (structured outputs), which are "
+                        "reported beside the fit (what --hints none's tool calls cost), not fitted")
     for name in FIELDS:
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int,
                        help=f"{name}, if the server does not say it")

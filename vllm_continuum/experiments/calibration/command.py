@@ -30,6 +30,7 @@ from tqdm import tqdm
 from vllm_continuum.experiments.calibration.fit import Fit, combine_repeats, fit_points
 from vllm_continuum.experiments.calibration.probes import (
     DECODE_TAIL,
+    GUIDED,
     Point,
     Prompts,
     decode_point,
@@ -43,7 +44,7 @@ METHOD = (
     "time to first token of prompts nobody sent before (max_tokens 1), cold or after a cached "
     "prefix, = API overhead + the prefill's chunked steps. Decode: B streams at context C sharing "
     "a cached prefix; the step time is the inter-token time while all B decode (no API overhead "
-    "in it). Fitted: step = step_s + per_token_s T + per_pair_s pairs + per_seq_s decodes "
+    "in it); the same under a grammar is reported, not fitted. Fitted: step = step_s + per_token_s T + per_pair_s pairs + per_seq_s decodes "
     "(sim/cost_model.py), plus api_overhead_s per request's TTFT, by non-negative least squares "
     "on relative errors (experiments/calibration/fit.py)."
 )
@@ -67,7 +68,8 @@ def decode_fits(shape: ServerShape, batch: int, context: int, tokens: int) -> bo
 
 
 def plan(shape: ServerShape, *, lengths: Sequence[int] | None, batches: Sequence[int],
-         contexts: Sequence[int] | None, repeats: int, decode_tokens: int) -> tuple[list, list[str]]:
+         contexts: Sequence[int] | None, repeats: int, decode_tokens: int,
+         guided: bool = True) -> tuple[list, list[str]]:
     """The probes to run, as (kind, args) tuples, and the (B, C) left out and why."""
     top = shape.max_model_len - 16
     lengths = list(lengths or [16, *doubling(top)])
@@ -81,6 +83,8 @@ def plan(shape: ServerShape, *, lengths: Sequence[int] | None, batches: Sequence
         for c in contexts:
             if decode_fits(shape, b, c, decode_tokens):
                 probes += [("decode", (b, c))] * repeats
+                # The grammar's cost beside the free decode, at the shortest context.
+                probes += [(GUIDED, (b, c))] * (repeats if guided and c == contexts[0] else 0)
             else:
                 skipped.append(f"decode B={b} C={c}: beyond the pool ({shape.num_gpu_blocks} blocks), "
                                f"max_num_seqs or max_model_len")
@@ -105,7 +109,8 @@ async def measure(base_url: str, shape: ServerShape, probes: list, *, decode_tok
                                                       shape.block_size, shape.max_num_batched_tokens))
                 else:
                     points.append(await decode_point(client, shape.model, prompts, *args,
-                                                     decode_tokens, shape.block_size))
+                                                     decode_tokens, shape.block_size,
+                                                     guided=kind == GUIDED))
             except RuntimeError as exc:
                 failed.append(f"{kind} {args}: {exc}")
     return points
@@ -136,7 +141,7 @@ def cost_model_data(name: str, shape: ServerShape, fit: Fit, calibration: dict) 
     }
 
 
-def report(fit: Fit, shape: ServerShape, skipped: list[str]) -> str:
+def report(fit: Fit, shape: ServerShape, skipped: list[str], guided: Sequence[Point] = ()) -> str:
     lines = ["server: " + ", ".join(f"{k} {v} ({shape.sources[k]})" for k, v in shape.values.items()),
              "fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.coefficients.items()), "",
              "| kind | point | measured s (median) | repeats min-max s | fitted s | error |",
@@ -155,22 +160,28 @@ def report(fit: Fit, shape: ServerShape, skipped: list[str]) -> str:
         lines.append(f"repeats of one point differed by up to {max(spread):.2f}x "
                      f"(median {float(np.median(spread)):.2f}x): the machine's noise, against which "
                      "to read the fit's error")
+    for p in guided:
+        lines.append(f"under a grammar (structured outputs, not simulated): B={p.params['batch']} "
+                     f"C={p.params['context']} decodes a step in {p.measured_s:.4f} s, "
+                     f"{p.measured_s / fit.predicted(p):.2f}x the fitted free decode")
     lines += [f"not measured: {s}" for s in skipped]
     return "\n".join(lines)
 
 
 def run_calibrate(url: str, out: Path, *, flags: dict[str, int | None], lengths: Sequence[int] | None,
                   batches: Sequence[int], contexts: Sequence[int] | None, repeats: int,
-                  decode_tokens: int, seed: int = 0, command: str = "") -> int:
+                  decode_tokens: int, seed: int = 0, guided: bool = True, command: str = "") -> int:
     shape = read_shape(url, flags)
     probes, skipped = plan(shape, lengths=lengths, batches=batches, contexts=contexts,
-                           repeats=repeats, decode_tokens=decode_tokens)
+                           repeats=repeats, decode_tokens=decode_tokens, guided=guided)
     load_before = os.getloadavg()
     started = time.time()
     failed: list[str] = []
     points = asyncio.run(measure(url, shape, probes, decode_tokens=decode_tokens, seed=seed,
                                  failed=failed))
-    fit = fit_points(combine_repeats(points))
+    combined = combine_repeats(points)
+    fit = fit_points([p for p in combined if p.kind != GUIDED])
+    guided_points = [p for p in combined if p.kind == GUIDED]
     calibration = {
         "command": command or "vllm-continuum calibrate",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
@@ -185,11 +196,15 @@ def run_calibrate(url: str, out: Path, *, flags: dict[str, int | None], lengths:
         "fit_error": fit.error_summary(),
         "not_measured": skipped + failed,
         "points": [{**p.to_json(), "fitted_s": fit.predicted(p)} for p in fit.points],
+        # Not fitted (the simulator has no grammar): decode steps under structured
+        # outputs, against the fitted free decode of the same batch.
+        "guided_decode": [{**p.to_json(), "free_decode_fitted_s": fit.predicted(p)}
+                          for p in guided_points],
     }
     data = cost_model_data(Path(out).stem, shape, fit, calibration)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(yaml.safe_dump(data, sort_keys=False, width=100))
     load_cost_model(out)  # what `sim --cost-model` will read
-    print(report(fit, shape, skipped + failed))
+    print(report(fit, shape, skipped + failed, guided_points))
     print(f"\nwrote {out}; simulate with it: vllm-continuum sim --cost-model {out}")
     return 0

@@ -18,7 +18,10 @@ entries per sequence). In the window where all B streams are decoding (after
 the last first token, before the first finish), each stream's tokens arrive
 one engine step apart: the step time is the window's duration over the tokens
 a stream received in it (the median over streams). An inter-token gap holds no
-per-request overhead, so nothing is subtracted.
+per-request overhead, so nothing is subtracted. The same under a grammar
+(`guided`, structured outputs: what a tool call is written with when the
+client sends no hints) says what guided decoding adds to a step, which the
+simulator does not model: reported beside the fit, not fitted.
 
 Prompts are random ids in TOKEN_RANGE (ordinary tokens of any real
 tokenizer too), distinct per probe, so nothing but the intended prefix hits.
@@ -38,6 +41,7 @@ import httpx
 
 TOKEN_RANGE = (300, 2000)
 DECODE_TAIL = 8  # each decode stream's own tokens after the shared prefix
+GUIDED = "decode-guided"  # a decode point under a grammar: a diagnostic, not fitted
 
 
 @dataclass
@@ -174,11 +178,17 @@ def steady_step_s(streams: list[list[tuple[float, int]]]) -> tuple[float, dict]:
 
 
 async def decode_point(client: httpx.AsyncClient, model: str, prompts: Prompts, batch: int,
-                       context: int, tokens: int, block_size: int) -> Point:
+                       context: int, tokens: int, block_size: int, guided: bool = False) -> Point:
+    """`guided`: the streams decode under a grammar (structured outputs, as a tool call
+    is written without client hints): `tokens` digits, which the simulator does not
+    model; the point is a diagnostic, kind GUIDED, left out of the fit."""
     prefix = prompts.fresh(context // block_size * block_size)
     if prefix:
         await _warm(client, model, prefix)
     body = {"model": model, "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True}
+    if guided:  # exactly `tokens` digits, then the grammar ends the stream
+        body = {"model": model, "max_tokens": tokens,
+                "structured_outputs": {"regex": f"[0-9]{{{tokens}}}"}}
     results = await asyncio.gather(*(
         _stream(client, {**body, "prompt": prefix + prompts.fresh(DECODE_TAIL)})
         for _ in range(batch)))
@@ -189,5 +199,5 @@ async def decode_point(client: httpx.AsyncClient, model: str, prompts: Prompts, 
     # The window's mean position: contexts grow by one token a step.
     mid = len(prefix) + DECODE_TAIL + round(tokens - detail["tokens_per_stream"] / 2)
     decoding = detail["batch_decoding"]  # the step held this many decodes (B, unless staggered)
-    return Point("decode", {"batch": batch, "context": context}, [[(1, mid)] * decoding], step, False,
-                 {**detail, "context_mid": mid})
+    return Point(GUIDED if guided else "decode", {"batch": batch, "context": context},
+                 [[(1, mid)] * decoding], step, False, {**detail, "context_mid": mid})

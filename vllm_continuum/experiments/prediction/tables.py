@@ -5,7 +5,8 @@ makespan, reuse of the previous prompt, one-shot p99 TTFT, and the stock /
 flavour JCT ratio of the round, each with its error (predicted / measured -
 1). The second is where to look when they differ: TTFT of first and of
 resumed turns (queueing and prefill), decode time per output token (the
-decode step), tokens prefilled (what the cache kept), and the median
+decode step; tool turns apart, since without hints they decode under a
+grammar the simulator does not model), tokens prefilled (what the cache kept), and the median
 per-turn TTFT ratio. Then per flavour over the rounds: the JCT error's range,
 whether the predicted ratio to stock is on the measured side of 1, and how
 far stock itself moved between rounds (measured and predicted), the noise
@@ -77,9 +78,12 @@ def outcome_table(pairs: Sequence[Pair]) -> str:
     return "\n".join(lines)
 
 
-def _decode_s_per_token(run: RunResult) -> float:
+def _decode_s_per_token(run: RunResult, tool_turns: bool) -> float:
+    """Median decode time per output token of the agents' tool turns, or of the other
+    turns and one-shot requests. Apart, because without client hints a tool turn is
+    written under a grammar (structured outputs), which the simulator does not model."""
     per = [(t.latency_s - t.ttft_s) / (t.output_tokens - 1)
-           for t in [*run.turns, *run.one_shot] if t.output_tokens > 1]
+           for t in [*run.turns, *run.one_shot] if t.output_tokens > 1 and bool(t.tool) == tool_turns]
     return statistics.median(per) if per else float("nan")
 
 
@@ -97,7 +101,8 @@ def _turn_ttft_ratio(q: Pair) -> float:
 
 def diagnosis_table(pairs: Sequence[Pair]) -> str:
     head = ["round", "flavour", "first-turn TTFT s meas", "pred", "resumed-turn TTFT s meas", "pred",
-            "decode s/token meas", "pred", "tokens prefilled meas", "pred", "turn TTFT pred/meas (median)",
+            "decode s/token, tool turns meas", "pred", "other turns meas", "pred",
+            "tokens prefilled meas", "pred", "turn TTFT pred/meas (median)",
             "sim: preemptions, KV pool used"]
     lines = [_row(head), "|" + "---|" * len(head)]
     for q in pairs:
@@ -106,7 +111,8 @@ def diagnosis_table(pairs: Sequence[Pair]) -> str:
             str(q.round), q.label,
             _f(_mean_ttft(q.measured, False), "{:.3f}"), _f(_mean_ttft(q.predicted, False), "{:.3f}"),
             _f(_mean_ttft(q.measured, True), "{:.3f}"), _f(_mean_ttft(q.predicted, True), "{:.3f}"),
-            _f(_decode_s_per_token(q.measured), "{:.4f}"), _f(_decode_s_per_token(q.predicted), "{:.4f}"),
+            *(_f(_decode_s_per_token(r, tools), "{:.4f}") for tools in (True, False)
+              for r in (q.measured, q.predicted)),
             str(q.m["prefilled_tokens"]), str(q.p["prefilled_tokens"]),
             _f(_turn_ttft_ratio(q), "{:.2f}x"),
             f"{meta.get('preemptions', '')}, {_f(meta.get('pool_usage_mean', float('nan')), '{:.0%}')}"]))
