@@ -62,3 +62,9 @@ def test_predict_gives_back_a_run_the_simulator_made(tmp_path):
     assert "API overhead added per request: 50 ms" in report
     assert "within 15% in 2 of 2 rounds" in report and "overall yes" in report
     assert "stock's mean JCT over rounds, measured" in report
+    import csv
+
+    rows = list(csv.DictReader((run_dir / "predict" / "turns.csv").open()))
+    assert len(rows) == 4 * sum(len(p.turns) for p in trace)
+    # (the sent trace keeps times to the microsecond)
+    assert all(float(r["ttft_meas_s"]) == pytest.approx(float(r["ttft_pred_s"]), abs=1e-5) for r in rows)

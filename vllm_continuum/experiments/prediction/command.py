@@ -7,12 +7,13 @@ the scheduler and settings that server had (settings.py) and the API
 overhead added (overhead.py). The cost model's pool and context window are
 set to the run's (`compare --num-blocks`, block size, `--max-model-len`), since
 those are what ran; the report says so when they differed. The report
-(tables.py) goes to RUN_DIR/predict/ (`--out`), and to docs/results with
-`--publish`.
+(tables.py) goes to RUN_DIR/predict/ (`--out`), with every turn measured
+beside predicted in turns.csv, and to docs/results with `--publish`.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -22,10 +23,12 @@ from vllm_continuum.experiments.live.rounds import load_rounds
 from vllm_continuum.experiments.prediction.overhead import as_client_saw, engine_trace
 from vllm_continuum.experiments.prediction.settings import STOCK, sim_policy
 from vllm_continuum.experiments.prediction.tables import (
+    TURN_COLUMNS,
     Pair,
     diagnosis_table,
     outcome_table,
     summary_lines,
+    turn_rows,
 )
 from vllm_continuum.experiments.publish import emit_report
 from vllm_continuum.experiments.report import write_runs
@@ -76,6 +79,8 @@ def run_predict(run_dir: Path, cost_model: str, *, out_dir: Path | None = None,
         notes += why
     write_runs([q.predicted for q in pairs], out_dir, extra={"setup": {"run_dir": str(run_dir),
                "cost_model": cost.model_dump(), "command": command}})
+    with (out_dir / "turns.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([TURN_COLUMNS, *turn_rows(pairs)])
     lines = [
         f"## Predicted (simulator, cost model {cost.name}) beside measured ({run_dir})", "",
         f"workload {setup.get('workload')}, hints {setup.get('hints')}, pool {cost.num_gpu_blocks} blocks of "
@@ -86,7 +91,8 @@ def run_predict(run_dir: Path, cost_model: str, *, out_dir: Path | None = None,
     ]
     if notes:
         lines += ["", *[f"- {n}" for n in dict.fromkeys(notes)]]
-    lines += ["", f"cost model: {cost.description.split('. ')[0]}.",
+    lines += ["", f"every turn, measured beside predicted: {out_dir / 'turns.csv'}",
+              f"cost model: {cost.description.split('. ')[0]}.",
               f"reproduce: {command or 'vllm-continuum predict'}"]
     emit_report(lines, out_dir, publish, command)
     return 0

@@ -152,3 +152,23 @@ def summary_lines(pairs: Sequence[Pair]) -> list[str]:
         lines.append("(the measured spread is the machine's drift: an error or a ratio inside it is not "
                      "signal; the predicted spread comes from the rounds' sent traces alone)")
     return lines
+
+
+TURN_COLUMNS = ("round", "flavour", "program", "turn", "tool", "prompt_tokens",
+                "ttft_meas_s", "ttft_pred_s", "latency_meas_s", "latency_pred_s",
+                "cached_meas", "cached_pred", "output_meas", "output_pred")
+
+
+def turn_rows(pairs: Sequence[Pair]) -> list[tuple]:
+    """Every turn (one-shot requests included) measured beside predicted, matched by
+    program and turn: where a disagreement sits, turn by turn (predict's turns.csv)."""
+    rows = []
+    for q in pairs:
+        pred = {(t.program, t.turn): t for t in [*q.predicted.turns, *q.predicted.one_shot]}
+        for m in sorted([*q.measured.turns, *q.measured.one_shot], key=lambda t: t.sent_s):
+            p = pred.get((m.program, m.turn))
+            if p is not None:
+                rows.append((q.round, q.label, m.program, m.turn, m.tool or "", m.prompt_tokens,
+                             m.ttft_s, p.ttft_s, m.latency_s, p.latency_s, m.cached_tokens,
+                             p.cached_tokens, m.output_tokens, p.output_tokens))
+    return rows
