@@ -20,6 +20,7 @@ and how far stock itself moved between rounds.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -195,11 +196,15 @@ def run_compare(
                                             "points": _profile_points(profile)}
                 # Let the profile's traffic leave the pool as any idle period would: it
                 # stays cached (evictable), as it would on a server that had run before.
+            load_before = os.getloadavg()[0]
             run = replay(server.base_url, trace, label=name, time_scale=time_scale,
                          seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-",
                          hints=hints)
             run.meta["round"] = round_no + 1
             run.meta["flavour"] = name
+            # How busy the machine was (1-minute load average, before and after): the
+            # other engineers' jobs share these cores, and predict shows it per replay.
+            run.meta["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
             if flavour.server == "continuum":
                 # What this server ran with, defaults included: a later `predict` gives
                 # the simulator exactly this, whatever the defaults have become.

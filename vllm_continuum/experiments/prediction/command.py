@@ -47,6 +47,12 @@ def for_run(cost: CostModel, setup: dict) -> tuple[CostModel, list[str]]:
     return cost.model_copy(update=update), notes
 
 
+def _calibrated_load(cost: CostModel) -> str:
+    """The machine's load while it was calibrated, to read each replay's beside."""
+    load = (getattr(cost, "calibration", None) or {}).get("load_average_before_after")
+    return f"; calibrated at a load average of {load[0]}-{load[1]}" if load else ""
+
+
 def _label(policy: str, settings: dict[str, str]) -> str:
     if policy == STOCK:
         return "vLLM"
@@ -85,7 +91,8 @@ def run_predict(run_dir: Path, cost_model: str, *, out_dir: Path | None = None,
         f"## Predicted (simulator, cost model {cost.name}) beside measured ({run_dir})", "",
         f"workload {setup.get('workload')}, hints {setup.get('hints')}, pool {cost.num_gpu_blocks} blocks of "
         f"{cost.block_size}; API overhead added per request: {overhead * 1000:.0f} ms"
-        + ("" if overhead else " (the cost model has none: not calibrated by `calibrate`)"),
+        + ("" if overhead else " (the cost model has none: not calibrated by `calibrate`)")
+        + _calibrated_load(cost),
         "", outcome_table(pairs), "", "Where they differ:", "", diagnosis_table(pairs), "",
         *summary_lines(pairs),
     ]

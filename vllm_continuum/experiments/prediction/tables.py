@@ -103,7 +103,7 @@ def diagnosis_table(pairs: Sequence[Pair]) -> str:
     head = ["round", "flavour", "first-turn TTFT s meas", "pred", "resumed-turn TTFT s meas", "pred",
             "decode s/token, tool turns meas", "pred", "other turns meas", "pred",
             "tokens prefilled meas", "pred", "turn TTFT pred/meas (median)",
-            "sim: preemptions, KV pool used"]
+            "sim: preemptions, KV pool used", "load avg before, after"]
     lines = [_row(head), "|" + "---|" * len(head)]
     for q in pairs:
         meta = q.predicted.meta
@@ -115,7 +115,8 @@ def diagnosis_table(pairs: Sequence[Pair]) -> str:
               for r in (q.measured, q.predicted)),
             str(q.m["prefilled_tokens"]), str(q.p["prefilled_tokens"]),
             _f(_turn_ttft_ratio(q), "{:.2f}x"),
-            f"{meta.get('preemptions', '')}, {_f(meta.get('pool_usage_mean', float('nan')), '{:.0%}')}"]))
+            f"{meta.get('preemptions', '')}, {_f(meta.get('pool_usage_mean', float('nan')), '{:.0%}')}",
+            ", ".join(str(x) for x in q.measured.meta.get("load_average", []))]))
     return "\n".join(lines)
 
 
