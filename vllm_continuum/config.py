@@ -86,13 +86,30 @@ class ContinuumConfig(BaseSettings):
         "(only turns whose pin is held go ahead). fcfs: vLLM's own queue and order (with "
         "ttl_policy: never, exactly stock vLLM).",
     )
+    admission: Literal["program", "request"] = Field(
+        "program",
+        description="program: programs are served in arrival order when their contexts do "
+        "not all fit (a pin holds memory only against programs that arrived after its own; "
+        "a new program waits for room rather than thrash everyone); requests without a "
+        "session keep the waiting bound `max_queue_delay_s`, a session's bound is the "
+        "programs ahead of it (docs/guarantees.md). request: every request has the waiting "
+        "bound, and pins under hold give way to none before it passes (before issue 19).",
+    )
     max_queue_delay_s: float = Field(
         1.0,
         ge=0,
-        description="Waiting bound: once our queue order or our pins have delayed a "
-        "request this long (from the first time a later arrival went ahead of it, or pins "
-        "held memory it needed), no later arrival is admitted before it and pins give way "
-        "to it under either pressure policy.",
+        description="Waiting bound (of requests without a session under admission: program; "
+        "of every request under admission: request): once our queue order or our pins have "
+        "delayed a request this long (from the first time a later arrival went ahead of it, "
+        "or pins held memory it needed), no later arrival is admitted before it and pins give "
+        "way to it under either pressure policy.",
+    )
+    program_precedence_s: float = Field(
+        3600.0,
+        gt=0,
+        description="admission: program: how long a program keeps its place ahead of later "
+        "programs, from its first arrival. Past it its turns queue by their own arrival and "
+        "its pins give way to everyone: an endless session cannot starve the rest.",
     )
     max_pinned_fraction: float = Field(
         0.5, gt=0, le=1, description="Cap on pinned blocks as a fraction of the KV pool."
@@ -225,7 +242,7 @@ class ContinuumConfig(BaseSettings):
 
     def summary(self) -> str:
         """The settings that shape behaviour most, for the start-up log line."""
-        keys = ("ttl_policy", "pressure_policy", "queue_order", "max_queue_delay_s",
+        keys = ("ttl_policy", "pressure_policy", "queue_order", "admission", "max_queue_delay_s",
                 "max_pinned_fraction", "max_ttl_s")
         return " ".join(f"{k}={getattr(self, k)}" for k in keys)
 

@@ -232,7 +232,7 @@ def test_an_allocation_releases_the_fewest_pins_covering_its_shortfall(policy, r
     c, ledger, clock = controller(pressure_policy=policy)
     run(c, ledger, Req("a1", "A", [1, 2, 3], arrival_time=0.0))
     run(c, ledger, Req("b1", "B", [4, 5], arrival_time=1.0))
-    newcomer = Req("n", None, [8, 9])
+    newcomer = Req("n", None, [8, 9], arrival_time=2.0)
     c.on_arrival(newcomer, None)
     result = c.retry_with_pins_released(
         newcomer, lambda: "blocks", shortfall=2, keep=frozenset(), running=running,
@@ -241,6 +241,50 @@ def test_an_allocation_releases_the_fewest_pins_covering_its_shortfall(policy, r
     assert (result == "blocks") is released
     # B arrived later and covers 2 blocks alone: only it goes.
     assert {p.session_id for p in c.pins} == ({"A"} if released else {"A", "B"})
+
+
+@pytest.mark.parametrize("admission", ["program", "request"])
+def test_under_program_admission_only_one_shots_have_the_waiting_bound(admission):
+    """A one-shot and a new program's first turn wait, passed by a later
+    arrival, for longer than the bound. Program admission: the one-shot is
+    overdue and pins give way to it; the program's turn is never overdue and
+    waits for room (the pins hold). Request admission: both are overdue."""
+    c, ledger, clock = controller(pressure_policy="hold", admission=admission,
+                                  max_queue_delay_s=1.0)
+    run(c, ledger, Req("a1", "A", [1, 2, 3], arrival_time=0.0))
+    one_shot, program = Req("o", None, [8], arrival_time=1.0), Req("c1", "C", [9], arrival_time=1.0)
+    for r in (one_shot, program):
+        c.on_arrival(r, None)
+    clock.now = 2.0
+    later = Req("l", None, [20], arrival_time=2.0)
+    c.on_arrival(later, None)
+    c.after_step([(later, 0)], oldest_waiting=1.0)  # a later arrival went ahead of both
+    clock.now = 4.0
+    assert c.overdue(one_shot)
+    assert c.overdue(program) is (admission == "request")
+
+    def allocate(req):
+        return c.retry_with_pins_released(
+            req, lambda: "blocks", shortfall=2, keep=frozenset(), running=False,
+            preempted=False, waiting=True, anything_running=True)
+
+    assert (allocate(program) == "blocks") is (admission == "request")
+    assert allocate(one_shot) == "blocks" or admission == "request"
+    assert not c.pins
+
+
+def test_an_endless_program_loses_its_precedence():
+    c, ledger, clock = controller(pressure_policy="hold", program_precedence_s=100.0)
+    run(c, ledger, Req("a1", "A", [1, 2, 3], arrival_time=0.0))
+    clock.now = 150.0  # A has been at it longer than its precedence
+    new = Req("n1", "N", [8, 9], arrival_time=150.0)
+    c.on_arrival(new, None)
+    turn = Req("a2", "A", [1, 2, 3, 4], arrival_time=150.5)
+    c.on_arrival(turn, None)
+    assert c.queue_key(turn)[1] == 150.5 > c.queue_key(new)[1]  # behind the newcomer
+    assert c.retry_with_pins_released(
+        new, lambda: "blocks", shortfall=3, keep=frozenset(), running=False,
+        preempted=False, waiting=True, anything_running=True) == "blocks"
 
 
 def test_a_retry_that_still_fails_restores_every_pin():

@@ -184,7 +184,7 @@ def eq2_controller(pool_state=None, **settings):
 
 
 def test_the_controller_passes_the_pool_state_and_the_marginal_blocks():
-    quiet = lambda: PoolState(free_blocks=50, demand_blocks=0)  # noqa: E731
+    quiet = lambda counted: PoolState(free_blocks=50, demand_blocks=0)  # noqa: E731
     c, ledger, _ = eq2_controller(quiet, pin_cost="pressure")
     assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="t")
     assert c.pins.get("A").ttl_s == 8.0
@@ -195,7 +195,7 @@ def test_the_controller_passes_the_pool_state_and_the_marginal_blocks():
 
 
 def test_a_pin_of_blocks_others_already_hold_costs_nothing():
-    busy = lambda: PoolState(free_blocks=0, demand_blocks=100)  # noqa: E731
+    busy = lambda counted: PoolState(free_blocks=0, demand_blocks=100)  # noqa: E731
     c, ledger, _ = eq2_controller(busy, pin_cost="pressure")
     assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="t")
     assert c.pins.get("A").ttl_s == 1.0  # its 3 blocks are wanted: Eq. 2
@@ -211,7 +211,7 @@ def test_a_cheap_pin_gives_way_to_waiting_requests_once_past_eq2s_ttl():
     `hold`, a waiting request that needs its blocks while other work runs is
     kept waiting for the first second, then gets them; a pin of Eq. 2's cost
     (`pin_cost: always`) is held its whole TTL."""
-    quiet = lambda: PoolState(free_blocks=50, demand_blocks=0)  # noqa: E731
+    quiet = lambda counted: PoolState(free_blocks=50, demand_blocks=0)  # noqa: E731
     for cost, released_at in (("pressure", 1.0), ("always", None)):
         c, ledger, clock = eq2_controller(quiet, pin_cost=cost, ttl_policy="continuum"
                                           if cost == "pressure" else "forever")

@@ -13,7 +13,7 @@ or, through the deferred-free queue, as stock queues them.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from vllm.logger import init_logger
@@ -24,6 +24,7 @@ from vllm_continuum.core.pin_value import PoolState
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
 
 
 logger = init_logger("vllm.continuum")
@@ -109,17 +110,20 @@ class VllmBlockLedger:
             return frozenset()
         return frozenset(b.block_id for group in kv_cache_blocks.blocks for b in group)
 
-    def pool_state(self) -> PoolState:
+    def pool_state(self, counted: Callable[[Request], bool] = lambda r: True) -> PoolState:
         """What `pin_cost: pressure` weighs a pin against: the blocks an
         allocation could take now (vLLM's free queue holds the evictable cached
-        blocks too), and what the queued requests still need: per request, its
-        blocks less its prefix hit (the leading block hashes the prefix cache
-        holds, found by bisection, as hits are a prefix). O(waiting x log blocks)."""
+        blocks too), and what the `counted` queued requests still need: per
+        request, its blocks less its prefix hit (the leading block hashes the
+        prefix cache holds, found by bisection, as hits are a prefix).
+        O(waiting x log blocks)."""
         s = self._scheduler
         groups = list(range(len(s.kv_cache_config.kv_cache_groups)))
         per_block = max(1, s.block_size // (getattr(s, "hash_block_size", None) or s.block_size))
         demand = 0
         for request in s.waiting:
+            if not counted(request):
+                continue
             hashes = request.block_hashes
             lo, hi = 0, len(hashes) // per_block
             while lo < hi:

@@ -34,6 +34,7 @@ from vllm_continuum.core.ledger import BlockLedger
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
 from vllm_continuum.core.pin_value import PoolState, demand_exceeds_free, marginal_blocks
 from vllm_continuum.core.pressure import may_release_pins, pins_to_release
+from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.sessions import SessionRegistry, session_key
 from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, TurnEnd, make_ttl_policy
 from vllm_continuum.core.waiting_bound import WaitingBound
@@ -115,7 +116,7 @@ class PinController:
         ttl_policy: Callable[[ContinuumConfig, WorkloadModel], TTLPolicy] = make_ttl_policy,
         waiting_of: Callable[[str], Iterable[TurnRequest]] = lambda session: (),
         on_lane_change: Callable[[str], None] = lambda session: None,
-        pool_state: Callable[[], PoolState | None] = lambda: None,
+        pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None] = lambda counted: None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -139,6 +140,7 @@ class PinController:
         self.pins = PinTable()
         self.sessions = SessionRegistry(config.max_tracked_sessions)
         self.bound = WaitingBound(config.max_queue_delay_s)
+        self.order = ProgramOrder(config.admission, config.program_precedence_s)
         self.turns: dict[str, Turn] = {}
         self._ended: dict[str, Ended] = {}  # request id -> its end, until its blocks are freed
         self.step = 0  # scheduling steps so far: an expired pin's grace is one of them
@@ -167,6 +169,7 @@ class PinController:
             enqueued_at=self.enqueued_at,
             overdue=self._overdue_in_queue,
             priority_of=self.level,
+            bounded=lambda r: self.order.bounded(session_key(r.session_id)),
         )
 
     def lane_of(self, request: TurnRequest) -> int:
@@ -176,21 +179,20 @@ class PinController:
         return PINNED if pinned is not None else REGULAR
 
     def _overdue_in_queue(self, request: TurnRequest) -> bool:
+        return request.status == self._waiting and self.overdue(request)
+
+    def program_arrival(self, request: TurnRequest) -> float:
+        """When the request's program arrived, as far as order goes (program_order.py)."""
         turn = self.turns.get(request.request_id)
-        return (
-            turn is not None
-            and request.status == self._waiting
-            and self.bound.overdue(turn.enqueued_at, self.level(request), self.now())
-        )
+        first = turn.program_arrival if turn is not None else request.arrival_time
+        return self.order.program_arrival(first, request.arrival_time, self.now())
 
     def queue_key(self, request: TurnRequest) -> tuple:
         """The last lane's order: by the program's first arrival, then the request's
         (`pinned_fcfs`: the request's only); `sessionless_first` puts requests
         without a session before every session's."""
         order = self.config.queue_order
-        turn = self.turns.get(request.request_id)
-        by_program = turn is not None and order != "pinned_fcfs"
-        program = turn.program_arrival if by_program else request.arrival_time
+        program = self.program_arrival(request) if order != "pinned_fcfs" else request.arrival_time
         session_last = order == "sessionless_first" and session_key(request.session_id) is not None
         return (session_last, program, request.arrival_time, request.request_id)
 
@@ -198,11 +200,21 @@ class PinController:
         turn = self.turns.get(request.request_id)
         return turn.enqueued_at if turn is not None else self.now()
 
+    def entitled(self, request: TurnRequest) -> bool:
+        """Whether its demand is a pin's cost: it may take pinned memory (a
+        preempted request always; under program admission a waiting one only if
+        it has the waiting bound, program_order.py)."""
+        return request.status == self._preempted or self.order.bounded(
+            session_key(request.session_id))
+
     def overdue(self, request: TurnRequest) -> bool:
-        """Its extra wait lasted the bound: it goes first, and pins give way to it."""
+        """Its extra wait lasted the bound (if it has one, program_order.py): it
+        goes first, and pins give way to it."""
         turn = self.turns.get(request.request_id)
-        return turn is not None and self.bound.overdue(
-            turn.enqueued_at, self.level(request), self.now()
+        return (
+            turn is not None
+            and self.order.bounded(turn.session)
+            and self.bound.overdue(turn.enqueued_at, self.level(request), self.now())
         )
 
     # ------------------------------------------------------------ step side
@@ -379,7 +391,7 @@ class PinController:
             turn = TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s)
             if self.config.pin_cost == "pressure":
                 # Counting the pin's own blocks is O(blocks): only where it is read.
-                pool = self.pool_state()
+                pool = self.pool_state(self.entitled)
                 own = (marginal_blocks(kept_ids, self.ledger.ref_count)
                        if demand_exceeds_free(pool) else 0)
                 turn = replace(turn, pool=pool, marginal_blocks=own)
@@ -522,11 +534,16 @@ class PinController:
             preempted=preempted,
             overdue=waiting and self.overdue(request),
         ):
-            # Only pins past their contested TTL give way; if they do not cover
-            # it, pins could make room but are kept: everyone waiting waits.
+            # Only pins past their contested TTL give way (to a request entitled
+            # to pinned memory), and pins of a program that lost its precedence;
+            # if they do not cover it, pins could make room but are kept:
+            # everyone waiting waits.
             now = self.now()
-            contested = [p for p in candidates if p.contested_at <= now]
-            victims = pins_to_release(contested, shortfall, self.ledger.ref_count, keep=keep)
+            entitled = self.entitled(request)
+            takeable = [p for p in candidates
+                        if (entitled and p.contested_at <= now)
+                        or self.order.lost_precedence(p.session_arrival, now)]
+            victims = pins_to_release(takeable, shortfall, self.ledger.ref_count, keep=keep)
             if not victims:
                 self.bound.held_by_pins(self.level(request), now)
                 return None

@@ -4,8 +4,10 @@ Order, within one priority level (`--scheduling-policy priority` keeps
 vLLM's priority first: the lanes only order requests of equal priority):
 
 1. preempted requests, front to back as vLLM puts them back (as stock);
-2. the oldest waiting request, once it is overdue (`waiting_bound.py`):
-   from then on no request that arrived after it goes first;
+2. the oldest waiting request that has a waiting bound (`bounded`: under
+   program admission, requests without a session), once it is overdue
+   (`waiting_bound.py`): from then on no request that arrived after it goes
+   first;
 3. turns that continue a pinned context: their prefill is nearly free and
    admitting them lets the pin go (the paper's Algorithm 1);
 4. everything else by `key_of` (program-level FCFS: the program's first
@@ -53,16 +55,21 @@ class LaneQueue(Generic[R]):
         enqueued_at: Callable[[R], float] = lambda r: 0.0,
         overdue: Callable[[R], bool] = lambda r: False,
         priority_of: Callable[[R], int] = lambda r: 0,
+        bounded: Callable[[R], bool] = lambda r: True,
     ) -> None:
+        """`bounded`: whether a request has the waiting bound (only those are
+        watched for being overdue: `overdue` is asked about the oldest of them)."""
         self._lane_of = lane_of
         self._key_of = key_of
         self._session_of = session_of
         self._enqueued_at = enqueued_at
         self._overdue = overdue
         self._priority_of = priority_of
+        self._bounded = bounded
         self._tokens = itertools.count()
         self._ends = itertools.count(1)  # preempted lane: prepend < 0 < append
-        self._members: dict[int, tuple[int, R]] = {}  # id(request) -> (token, request)
+        self._members: dict[int, tuple[int, R, bool]] = {}  # id -> (token, request, aged?)
+        self._aged = 0  # members in the aging heaps
         self._heap: list[tuple[tuple, int, R]] = []
         # Per priority level: (enqueue time, token, request) of non-preempted requests.
         self._aging: dict[int, list[tuple[float, int, R]]] = {}
@@ -129,13 +136,13 @@ class LaneQueue(Generic[R]):
         """A pin of `session` appeared or went: move its waiting turns to their lane."""
         if not self.has_session_waiting(session):
             return
-        movers = [r for _, r in self._members.values() if self._session_of(r) == session]
+        movers = [r for _, r, _ in self._members.values() if self._session_of(r) == session]
         for request in movers:
             self._forget(request)
             self._insert(request, front=False)
 
     def oldest_enqueued_at(self) -> float | None:
-        """Enqueue time of the longest-waiting request that is not preempted."""
+        """Enqueue time of the longest-waiting bounded request that is not preempted."""
         oldest = [self._oldest(priority) for priority in self._aging]
         times = [self._enqueued_at(r) for r in oldest if r is not None]
         return min(times) if times else None
@@ -152,16 +159,19 @@ class LaneQueue(Generic[R]):
     def _insert(self, request: R, front: bool) -> None:
         self._peeked = None
         token = next(self._tokens)
-        self._members[id(request)] = (token, request)
         lane = self._lane_of(request)
+        aged = lane != PREEMPTED and self._bounded(request)
+        self._members[id(request)] = (token, request, aged)
         priority = self._priority_of(request)
         if lane == PREEMPTED:
             end = next(self._ends)
             key = (priority, PREEMPTED, (-end if front else end,))
         else:
             key = (priority, lane, self._key_of(request))
-            aging = self._aging.setdefault(priority, [])
-            heapq.heappush(aging, (self._enqueued_at(request), token, request))
+            if aged:
+                aging = self._aging.setdefault(priority, [])
+                heapq.heappush(aging, (self._enqueued_at(request), token, request))
+                self._aged += 1
         heapq.heappush(self._heap, (key, token, request))
         session = self._session_of(request)
         if session is not None:
@@ -169,7 +179,7 @@ class LaneQueue(Generic[R]):
 
     def _forget(self, request: R) -> None:
         self._peeked = None
-        del self._members[id(request)]
+        self._aged -= self._members.pop(id(request))[2]
         session = self._session_of(request)
         if session is not None:
             self._waiting_sessions[session] -= 1
@@ -207,7 +217,7 @@ class LaneQueue(Generic[R]):
 
     def _compact(self) -> None:
         """Drop stale entries once they outnumber the live ones."""
-        stale = len(self._heap) + sum(map(len, self._aging.values())) - 2 * len(self._members)
+        stale = len(self._heap) + sum(map(len, self._aging.values())) - len(self._members) - self._aged
         if stale > len(self._members) + 64:
             self._heap = [e for e in self._heap if self._valid(e[1], e[2])]
             heapq.heapify(self._heap)

@@ -1,0 +1,69 @@
+"""Program-level admission: when agents' contexts do not all fit in the KV
+pool, programs are served in the order they arrived.
+
+Why: under overload stock vLLM admits every new program, the pool evicts the
+contexts of programs paused in tool calls, and every resumed turn prefills
+its whole history again (thrashing). Keeping the admitted programs' contexts
+(running, or pinned while their tool runs) and letting a new program in only
+when they leave room, a program waits longer to be admitted but finishes
+sooner, and so does everyone else (docs/benchmarks.md, issue 19). Fairness
+is judged by outcome, not by admission delay.
+
+The rules (`admission: program`), read by the controller:
+
+- Requests of a session have no time bound. A new program's first turn waits
+  in program arrival order (program-level FCFS; vLLM admits in queue order
+  and stops at the first request that does not fit, so no later program's
+  first turn passes it) until the pool has room beside the admitted
+  programs' running and pinned blocks: the pool's measured state, nothing to
+  tune. A pin holds its memory (under `hold`) while its program makes
+  progress: until its next turn, at most its TTL (`max_ttl_s`), its program's
+  last turn, or the deadlock guard.
+- Requests without a session (one-shots, short) keep the waiting bound
+  `max_queue_delay_s` (`bounded`): past it they go first and pins give way;
+  only their demand, and preempted requests', makes a pin costly (`entitled`).
+- An endless session must not starve the rest: a program keeps its
+  precedence for `program_precedence_s` from its first arrival; past it,
+  its turns queue by their own arrival and its pins give way to any waiting
+  request (`lost_precedence`).
+
+So a new program waits for the programs ahead of it, each with finitely many
+turns and holding its place while idle for at most `max_ttl_s` per pause, or
+at most `program_precedence_s` each (docs/guarantees.md).
+
+Tried and dropped: letting an earlier program's request take a later
+program's pinned memory (pins holding only against later programs). It
+evicts contexts that are about to be reused, and measured 20-25% worse mean
+JCT under overload in the simulator (docs/benchmarks.md, issue 19).
+
+`admission: request` is the rule before issue 19: every request has the
+waiting bound, and its demand counts against every pin.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Admission = Literal["program", "request"]
+
+
+@dataclass(frozen=True)
+class ProgramOrder:
+    admission: Admission = "program"
+    precedence_s: float = math.inf
+
+    def bounded(self, session: str | None) -> bool:
+        """Whether a request has the time bound `max_queue_delay_s`, and may
+        take pinned memory once it is overdue (and counts as a pin's cost)."""
+        return self.admission == "request" or session is None
+
+    def program_arrival(self, first_arrival: float, request_arrival: float, now: float) -> float:
+        """What orders a request among programs: its program's first arrival,
+        while the program has precedence; then the request's own arrival."""
+        return first_arrival if not self.lost_precedence(first_arrival, now) else request_arrival
+
+    def lost_precedence(self, first_arrival: float, now: float) -> bool:
+        """A program this old no longer holds its place (nor its pins) against others."""
+        return self.admission == "program" and now - first_arrival >= self.precedence_s
