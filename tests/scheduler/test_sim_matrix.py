@@ -37,8 +37,11 @@ def test_the_shipped_grid_loads_and_names_known_policies():
     spec = load_matrix()
     assert set(spec.policies) <= set(POLICIES)
     assert {load for _, load, _ in spec.grid(quick=True)} == {spec.quick_load}
-    assert len(spec.grid(quick=True, load="none")) == len(spec.cells)
+    assert len(spec.grid(quick=True, load="none")) == sum("none" in c.loads for c in spec.cells)
     assert len(spec.grid(quick=False)) == sum(len(c.loads) for c in spec.cells)
+    overload = spec.grid(quick=False, load="overload")
+    assert {c.workload for c, _, _ in overload} >= {"swebench-final-context", "coding-agent"}
+    assert all(c.load("overload").programs >= 40 for c, _, _ in overload)
 
 
 def test_a_tiny_matrix_end_to_end(tmp_path):

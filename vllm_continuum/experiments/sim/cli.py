@@ -84,10 +84,11 @@ def register(subparsers) -> None:
                    help="a name in vllm_continuum/experiments/configs/cost_models/ or a YAML path")
     p.add_argument("--policies", nargs="+",
                    default=["stock", "default", "continuum", "oracle"],
-                   help="stock, never, continuum, fixed, forever, oracle, oracle-hindsight, "
-                        "oracle-eq2, and issue 12's candidates (sim/policies.py CANDIDATES); "
-                        "the continuum ones also as NAME-yield or NAME-hold (plain: the "
-                        "configured pressure policy)")
+                   help="stock, never, default (what ships), continuum, fixed, forever, oracle, "
+                        "oracle-hindsight, oracle-eq2, issue 12's candidates (sim/policies.py "
+                        "CANDIDATES) and issue 19's (RELAXED: default-request, forever-program, "
+                        "bound10-*, boundinf-*); the continuum ones also as NAME-yield or "
+                        "NAME-hold (plain: the configured pressure policy)")
     p.add_argument("--sweep", type=float, nargs="*",
                    help="also sweep these arrival rates (no values: 0.02 0.04 ... 0.13)")
     p.add_argument("--sweep-programs", type=int, help="programs per sweep point (default: --programs)")
@@ -113,7 +114,7 @@ def register(subparsers) -> None:
     p.add_argument("--config", type=Path, help="the grid (default: experiments/configs/matrix.yaml)")
     p.add_argument("--quick", action="store_true", help="one seed, the grid's quick load only")
     p.add_argument("--only", nargs="+", metavar="WORKLOAD", help="only these workloads' cells")
-    p.add_argument("--load", help="only this load of each cell (none, moderate, heavy)")
+    p.add_argument("--load", help="only this load of each cell (none, moderate, heavy, overload)")
     p.add_argument("--policies", nargs="+", help="default: the grid's")
     p.add_argument("--out", type=Path, default=Path("runs/matrix"))
     p.add_argument("--targets", metavar="POLICY",
