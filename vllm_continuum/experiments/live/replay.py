@@ -25,7 +25,6 @@ program, its job completion time; one-shot requests apart.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 
@@ -33,6 +32,7 @@ import httpx
 from tqdm import tqdm
 
 from vllm_continuum.core.hints import SESSION_HEADER
+from vllm_continuum.experiments.live.completion_stream import completion_events, token_ids
 from vllm_continuum.experiments.live.turn_body import (
     HINTS_ALL,
     HINTS_NONE,
@@ -69,24 +69,12 @@ async def _send_turn(
     # The session also as the header routers hash (vLLM reads either).
     session = body.get("session_id")
     headers = {SESSION_HEADER: session} if session else None
-    async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
-        if response.status_code != 200:
-            text = (await response.aread()).decode(errors="replace")[:500]
-            raise RuntimeError(f"HTTP {response.status_code}: {text}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            payload = line[6:].strip()
-            if payload == "[DONE]":
-                break
-            chunk = json.loads(payload)
-            for choice in chunk.get("choices") or []:
-                token_ids = choice.get("token_ids") or []
-                if token_ids and first is None:
-                    first = time.perf_counter()
-                ids.extend(token_ids)
-            if chunk.get("usage"):
-                usage = chunk["usage"]
+    async for arrived, chunk in completion_events(client, body, headers):
+        chunk_ids = token_ids(chunk)
+        if chunk_ids and first is None:
+            first = arrived
+        ids.extend(chunk_ids)
+        usage = chunk.get("usage") or usage
     end = time.perf_counter()
     return (first or end) - sent, end - started, ids, usage
 
