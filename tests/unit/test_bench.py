@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vllm_continuum.experiments.live.compare import merge_runs, one_shot_line
-from vllm_continuum.experiments.live.rounds import round_outcomes, round_table
+from vllm_continuum.experiments.live.round_report import round_outcomes, round_table
 from vllm_continuum.experiments.live.replay import new_tokens
 from vllm_continuum.experiments.report import markdown_table, plot_runs, summarize, write_runs
 from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
@@ -125,7 +125,7 @@ def test_round_table_gives_each_round_and_the_spread():
     assert ("continuum: stock / makespan by round 0.50x to 2.00x, "
             "geometric mean 1.00x over 2 rounds") in lines
     assert lines[-1] == ("stock alone (the machine's drift, not signal): mean JCT 8.00-10.00 s "
-                         "(max / min 1.25x), makespan 8.0-10.0 s (1.25x) over 2 rounds")
+                         "(max / min 1.25x), makespan 8.0-10.0 s (max / min 1.25x) over 2 rounds")
     outcomes = round_outcomes(rounds)
     assert outcomes.startswith("Round 1. Outcome against stock") and "Round 2." in outcomes
     assert "| continuum | 0% | 0.50x | 0.50x | 2.00x |" in outcomes

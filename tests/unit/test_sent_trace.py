@@ -61,3 +61,9 @@ def test_rounds_are_saved_and_read_back(tmp_path):
     assert [p.id for p in record.sent] == ["a", "c"]
     with pytest.raises(FileNotFoundError, match="not a `compare` output directory"):
         load_rounds(tmp_path / "nothing")
+    # A stray file is not a replay; a replay saved halfway is named, with the fix.
+    (where.parent / "notes.txt").write_text("")
+    assert len(load_rounds(tmp_path)) == 1
+    (where / "sent-trace.jsonl").unlink()
+    with pytest.raises(FileNotFoundError, match="r2-stock lacks .* remove that directory"):
+        load_rounds(tmp_path)

@@ -55,6 +55,7 @@ class LocalProcess:
     process: subprocess.Popen | None
     name: str
     stop_timeout_s: float = 30.0
+    ready_timeout_s: float = 240.0  # how long wait_ready waits unless told
 
     @property
     def base_url(self) -> str:
@@ -72,7 +73,8 @@ class LocalProcess:
         )
         return self
 
-    def wait_ready(self, timeout_s: float = 240.0):
+    def wait_ready(self, timeout_s: float | None = None):
+        timeout_s = timeout_s or self.ready_timeout_s
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
@@ -97,7 +99,14 @@ class LocalProcess:
         stop_process_group(self.process, timeout_s=self.stop_timeout_s)
 
     def __enter__(self):
-        return self.start().wait_ready()
+        """Started and ready; stopped on leaving, and also when it never became ready
+        (__exit__ does not run when __enter__ raises, and the server must not outlive us)."""
+        self.start()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()

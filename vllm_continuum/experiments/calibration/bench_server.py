@@ -12,16 +12,15 @@ from pathlib import Path
 
 @contextmanager
 def bench_server(num_layers: int, num_blocks: int, max_model_len: int, log_dir: Path) -> Iterator[str]:
+    """The base URL of the running server, stopped on leaving."""
     from vllm_continuum.experiments.live.bench_model import bench_model
+    from vllm_continuum.experiments.live.flavours import START_TIMEOUT_S
     from vllm_continuum.tools.local_server import flavour_server
 
     server = flavour_server("stock", str(bench_model(num_layers)), log_dir, num_blocks=num_blocks,
                             extra_args=["--max-model-len", str(max_model_len)])
+    server.ready_timeout_s = START_TIMEOUT_S
     print(f"[calibrate] starting the benchmark server ({num_layers} layers, {num_blocks} blocks); "
           f"log: {server.log_path}", flush=True)
-    server.start()
-    try:
-        server.wait_ready(timeout_s=600)
+    with server:
         yield server.base_url
-    finally:
-        server.stop()

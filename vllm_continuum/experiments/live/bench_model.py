@@ -5,8 +5,8 @@ losing a session's KV cache costs nothing there, so pinning cannot show a
 gain. The benchmark model keeps the per-layer shape of Qwen2.5-0.5B (hidden
 896, 14 query heads and 2 KV heads of 64, MLP 4864; the real model's
 config.json) so that prefill costs what that architecture costs, with a
-configurable depth (the real model has 24 layers) to keep a benchmark run
-within minutes on two CPU cores. The vocabulary is the tiny model's
+configurable depth (the real model has 24 layers; the benchmark's default,
+flavours.DEFAULT_LAYERS, keeps a run within minutes on two CPU cores). The vocabulary is the tiny model's
 tokenizer (3k tokens): the benchmark sends token ids, and a 152k-entry LM
 head would only slow the decode down. Random weights compute exactly like
 trained ones; the scheduler only sees token ids and KV blocks.
@@ -29,12 +29,11 @@ QWEN25_05B_SHAPE = {
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
 }
-DEFAULT_LAYERS = 8
 BUILD_VERSION = "1"
 MARKER = ".vllm_continuum_bench_model.json"
 
 
-def bench_model_spec(num_layers: int = DEFAULT_LAYERS) -> dict:
+def bench_model_spec(num_layers: int) -> dict:
     return {**QWEN25_05B_SHAPE, "num_hidden_layers": num_layers, "build": BUILD_VERSION}
 
 
@@ -46,7 +45,7 @@ def bench_model(num_layers: int, model_dir: str | pathlib.Path | None = None) ->
     return build_bench_model(model_dir, num_layers)
 
 
-def build_bench_model(path: str | pathlib.Path, num_layers: int = DEFAULT_LAYERS) -> pathlib.Path:
+def build_bench_model(path: str | pathlib.Path, num_layers: int) -> pathlib.Path:
     """Write the benchmark model to `path` (idempotent for the same spec)."""
     import torch
     from transformers import (
@@ -74,7 +73,7 @@ def build_bench_model(path: str | pathlib.Path, num_layers: int = DEFAULT_LAYERS
         eos_token_id=eos_id,
         pad_token_id=eos_id,
         use_sliding_window=False,
-        **{k: v for k, v in QWEN25_05B_SHAPE.items()},
+        **QWEN25_05B_SHAPE,
     )
     with replacing_dir(target) as tmp:
         state = torch.random.get_rng_state()

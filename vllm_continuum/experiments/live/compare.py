@@ -20,7 +20,6 @@ and how far stock itself moved between rounds.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -33,11 +32,15 @@ from vllm_continuum.experiments.live.flavours import (
     DEFAULT_NUM_BLOCKS,
     DEFAULT_WORKLOAD,
     FLAVOURS,
+    START_TIMEOUT_S,
+    STOCK,
 )
 from vllm_continuum.experiments.live.replay import replay
-from vllm_continuum.experiments.live.rounds import round_outcomes, round_table, save_round
+from vllm_continuum.experiments.live.round_report import round_outcomes, round_table
+from vllm_continuum.experiments.live.rounds import save_round
 from vllm_continuum.experiments.live.server_counters import continuum_counters, counters_line
 from vllm_continuum.experiments.live.turn_body import HINTS_ALL
+from vllm_continuum.experiments.machine import load_average
 from vllm_continuum.experiments.publish import publish_report
 from vllm_continuum.experiments.report import markdown_table, plot_runs, ratio, summarize, write_runs
 from vllm_continuum.experiments.results import RunResult
@@ -101,8 +104,19 @@ def run_bench(
     return 1 if run.errors else 0
 
 
-def _profile_points(profile) -> list:
-    return [[n, t] for n, t in profile.points]
+def _profile_prefill(base_url: str, path: Path, lengths: Sequence[int]) -> dict:
+    """Measure the idle server's prefill time (`vllm-continuum profile`), save it for
+    the continuum servers, and return what the setup records of it."""
+    from vllm_continuum.tools.prefill_probe import measure, report
+
+    print("[compare] profiling prefill time on this idle server", flush=True)
+    profile = measure(base_url, lengths=list(lengths), repeats=2)
+    profile.save(path)
+    print(report(profile), flush=True)
+    # The profile's traffic leaves the pool as any idle period would: it stays
+    # cached (evictable), as it would on a server that had run before.
+    return {"path": str(path), "c0": profile.c0, "c1": profile.c1, "c2": profile.c2,
+            "points": [[n, t] for n, t in profile.points]}
 
 
 def run_compare(
@@ -110,7 +124,7 @@ def run_compare(
     workload: str = DEFAULT_WORKLOAD,
     out_dir: Path = Path("runs/compare"),
     *,
-    flavours: Sequence[str] = ("stock", "continuum"),
+    flavours: Sequence[str] = (STOCK, "continuum"),
     num_layers: int = DEFAULT_LAYERS,
     num_blocks: int = DEFAULT_NUM_BLOCKS,
     max_model_len: int = DEFAULT_MAX_MODEL_LEN,
@@ -134,8 +148,7 @@ def run_compare(
     each round's ratio to stock."""
     from vllm_continuum.config import load_config
     from vllm_continuum.experiments.live.bench_model import bench_model
-    from vllm_continuum.tools.local_server import flavour_server
-    from vllm_continuum.tools.prefill_probe import measure, report
+    from vllm_continuum.tools.local_server import BLOCK_SIZE, flavour_server
 
     unknown = [f for f in flavours if f not in FLAVOURS]
     if unknown:
@@ -151,25 +164,23 @@ def run_compare(
         "model": model,
         "num_layers": num_layers,
         "num_blocks": num_blocks,
-        "block_size": 32,
+        "block_size": BLOCK_SIZE,
         "max_model_len": max_model_len,
         "flavours": {f: FLAVOURS[f].settings for f in flavours},
         "common_continuum_settings": COMMON_CONTINUUM_SETTINGS,
         "continuum_settings": continuum_settings or {},
         "time_scale": time_scale,
         "hints": hints,
+        "repeats": repeats,
     }
     print(json.dumps({k: v for k, v in setup.items() if k != "command"}, indent=1))
-    rounds: list[list[RunResult]] = []
+    rounds: list[list[RunResult]] = [[] for _ in range(repeats)]
     counter_lines: list[str] = []
     profile_path = Path(prefill_profile) if prefill_profile else out_dir / "prefill_profile.yaml"
     extra_args = ["--max-model-len", str(max_model_len)]
-    setup["repeats"] = repeats
     schedule = [(r, name) for r in range(repeats)
                 for name in (flavours if r % 2 == 0 else list(reversed(flavours)))]
     for round_no, name in schedule:
-        if len(rounds) <= round_no:
-            rounds.append([])
         flavour = FLAVOURS[name]
         settings = {}
         if flavour.server == "continuum":
@@ -181,30 +192,20 @@ def run_compare(
         )
         server.log_path = out_dir / "logs" / f"{name}.log"
         server.name = name
+        server.ready_timeout_s = START_TIMEOUT_S
         print(f"[compare] round {round_no + 1}/{repeats}: starting {name} "
               f"({flavour.server}, settings {settings})", flush=True)
-        server.start()
-        try:
-            server.wait_ready(timeout_s=600)
+        with server:
             if not profile_path.exists():
-                print("[compare] profiling prefill time on this idle server", flush=True)
-                profile = measure(server.base_url, lengths=list(profile_lengths), repeats=2)
-                profile.save(profile_path)
-                print(report(profile), flush=True)
-                setup["prefill_profile"] = {"path": str(profile_path), "c0": profile.c0,
-                                            "c1": profile.c1, "c2": profile.c2,
-                                            "points": _profile_points(profile)}
-                # Let the profile's traffic leave the pool as any idle period would: it
-                # stays cached (evictable), as it would on a server that had run before.
-            load_before = os.getloadavg()[0]
+                setup["prefill_profile"] = _profile_prefill(server.base_url, profile_path, profile_lengths)
+            load_before = load_average()
             run = replay(server.base_url, trace, label=name, time_scale=time_scale,
                          seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-",
                          hints=hints)
-            run.meta["round"] = round_no + 1
-            run.meta["flavour"] = name
             # How busy the machine was (1-minute load average, before and after): the
             # other engineers' jobs share these cores, and predict shows it per replay.
-            run.meta["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            run.meta.update({"round": round_no + 1, "flavour": name,
+                             "load_average": [load_before, load_average()]})
             if flavour.server == "continuum":
                 # What this server ran with, defaults included: a later `predict` gives
                 # the simulator exactly this, whatever the defaults have become.
@@ -217,13 +218,12 @@ def run_compare(
                     print(f"[compare] {counter_lines[-1]}", flush=True)
             rounds[round_no].append(run)
             save_round(run, trace, out_dir)
-        finally:
-            server.stop()
     runs = [merge_runs([r for rnd in rounds for r in rnd if r.label == name], name)
             for name in flavours]
-    text = _report(runs, out_dir, "stock" if "stock" in flavours else None, setup)
-    text += "\n\n" + round_table(rounds)
-    (out_dir / "rounds.md").write_text(round_table(rounds) + "\n")
+    text = _report(runs, out_dir, STOCK if STOCK in flavours else None, setup)
+    by_round = round_table(rounds)
+    (out_dir / "rounds.md").write_text(by_round + "\n")
+    text += "\n\n" + by_round
     outcomes = round_outcomes(rounds)
     if outcomes:
         text += "\n\n" + outcomes

@@ -16,9 +16,12 @@ class Flavour:
     settings: dict = field(default_factory=dict)  # --additional-config's continuum
 
 
+# The flavour every other is set against, round by round.
+STOCK = "stock"
+
 # What `compare --flavours` accepts: stock, and each TTL policy under the
 # configured pressure policy (plain name) or an explicit one (-yield, -hold).
-FLAVOURS = {"stock": Flavour("stock", "stock")} | {
+FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     name: Flavour(name, "continuum", settings)
     for ttl in ("continuum", "fixed", "forever")
     for name, settings in pressure_variants(ttl, {"ttl_policy": ttl}, "pressure_policy").items()
@@ -38,6 +41,9 @@ DEFAULT_WORKLOAD = "cpu-agent"
 DEFAULT_LAYERS = 2
 DEFAULT_NUM_BLOCKS = 160  # x 32 tokens: a 5,120-token pool
 DEFAULT_MAX_MODEL_LEN = 4096
+# How long a benchmark server may take to start: about a minute on an idle
+# two-core machine, several when other jobs share the cores.
+START_TIMEOUT_S = 600
 # Every continuum server: one session may pin up to 40% of this small pool
 # (its whole context), pins up to half of it in all (the default); the TTL
 # model trusts tool CDFs after 20 samples (K; the default 100 is more tool

@@ -30,12 +30,15 @@ from vllm_continuum.experiments.trace_format import Program, Trace, Turn
 
 
 def _sent_program(program: Program, records: list[TurnRecord]) -> Program:
+    """`program` as sent, from its turns' records (all of them, in turn order)."""
     turns, prev_prompt, prev_output = [], 0, 0
     for k, (planned, rec) in enumerate(zip(program.turns, records)):
         nxt = records[k + 1] if k + 1 < len(records) else None
         pause = max(0.0, nxt.sent_s - (rec.sent_s + rec.latency_s)) if nxt else 0.0
         turns.append(Turn(new_tokens=rec.prompt_tokens - prev_prompt - prev_output,
+                          # A simulated request generates at least one token (max_tokens >= 1).
                           output_tokens=max(1, rec.output_tokens),
+                          # The trace format: a program's last turn calls no tool.
                           tool=planned.tool if nxt else None, tool_s=pause))
         prev_prompt, prev_output = rec.prompt_tokens, rec.output_tokens
     return Program(program.id, records[0].sent_s, tuple(turns), one_shot=program.one_shot)
