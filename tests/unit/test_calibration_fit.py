@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_continuum.experiments.calibration.command import decode_fits, plan
 from vllm_continuum.experiments.calibration.fit import combine_repeats, fit_points
+from vllm_continuum.experiments.calibration.grid import decode_fits, plan
 from vllm_continuum.experiments.calibration.probes import Point, steady_step_s
 from vllm_continuum.experiments.calibration.server import ServerShape
 from vllm_continuum.experiments.sim.cost_model import CostModel, Linear
@@ -83,6 +83,10 @@ def test_plan_keeps_what_the_pool_holds():
     assert lengths == [16, 128, 256, 512, 1024, 2048, 4080]  # past 2048: chunked
     assert ("prefill", (512, 1020)) in probes and probes.count(("prefill", (16, 0))) == 2
     assert ("decode", (1, 4024)) in probes and any("B=64 C=2040" in s for s in skipped)
+    # The grammar's points run at the shortest context, in whatever order contexts come.
+    probes, _ = plan(shape, lengths=[16], batches=[1], contexts=[2048, 256], repeats=1,
+                     decode_tokens=48)
+    assert [args for kind, args in probes if kind == "decode-guided"] == [(1, 256)]
 
 
 def test_sizing_reads_reprefill_against_decode_by_hand():
@@ -116,3 +120,5 @@ def test_staggered_streams_give_the_step_of_the_batch_that_overlapped():
     assert detail["window_s"] == pytest.approx(0.5)
     with pytest.raises(RuntimeError, match="never decoded side by side"):
         steady_step_s([stream(0.0, 0.2), stream(0.15, 0.4)])
+    with pytest.raises(RuntimeError, match="at one instant"):
+        steady_step_s([[(1.0, 3), (1.0, 2)]])

@@ -21,6 +21,17 @@ def command_line() -> str:
     return "vllm-continuum " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a count (of repeats, tokens, blocks, ...), at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return value
+
+
 def publish_arg(p: argparse.ArgumentParser) -> None:
     """`--publish NAME`, for the commands that print a measured report (publish.py)."""
     from vllm_continuum.experiments.publish import result_name

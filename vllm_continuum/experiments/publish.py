@@ -43,6 +43,11 @@ def git_commit() -> str:
     return commit + (" (with uncommitted changes)" if dirty else "")
 
 
+def utc_date(seconds: float | None = None) -> str:
+    """A time (default: now) as every report and provenance record states it."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+
+
 def publish_report(name: str, report: str, command: str, results_dir: Path = RESULTS_DIR) -> Path:
     """Write `report` to results_dir/NAME.md (overwriting it) under a header naming the command."""
     commit = git_commit()
@@ -50,7 +55,7 @@ def publish_report(name: str, report: str, command: str, results_dir: Path = RES
         f"# {name}",
         "",
         f"Written by `{command}`",
-        f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        f"on {utc_date()}"
         + (f" at commit {commit}" if commit else "") + ".",
         "Run that command again from the repository root to regenerate this file;",
         "the method behind it is in [docs/benchmarks.md](../benchmarks.md).",

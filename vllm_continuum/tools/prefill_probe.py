@@ -25,9 +25,13 @@ def served_model(base_url: str) -> tuple[str, int]:
     return card["id"], int(card.get("max_model_len") or 4096)
 
 
+# The longest prompt leaves this many tokens of the window free (for the output).
+WINDOW_MARGIN = 16
+
+
 def default_lengths(max_model_len: int) -> list[int]:
     """Doubling lengths from 128 up to the longest prompt the server takes."""
-    top = max_model_len - 16
+    top = max_model_len - WINDOW_MARGIN
     lengths, n = [], 128
     while n < top:
         lengths.append(n)

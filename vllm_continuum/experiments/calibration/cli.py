@@ -7,11 +7,12 @@ import argparse
 from pathlib import Path
 
 from vllm_continuum.experiments.calibration.server import FIELDS
+from vllm_continuum.experiments.cli import command_line, positive_int, workload_args
+from vllm_continuum.experiments.live.flavours import DEFAULT_MAX_MODEL_LEN, DEFAULT_NUM_BLOCKS
 
 
 def _calibrate(args: argparse.Namespace) -> int:
     from vllm_continuum.experiments.calibration.command import run_calibrate
-    from vllm_continuum.experiments.cli import command_line
 
     def calibrate(url: str) -> int:
         return run_calibrate(
@@ -24,7 +25,6 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.bench_server is None:
         return calibrate(args.url)
     from vllm_continuum.experiments.calibration.bench_server import bench_server
-    from vllm_continuum.experiments.live.flavours import DEFAULT_MAX_MODEL_LEN, DEFAULT_NUM_BLOCKS
 
     blocks = args.num_gpu_blocks or DEFAULT_NUM_BLOCKS
     window = args.max_model_len or DEFAULT_MAX_MODEL_LEN
@@ -46,8 +46,6 @@ def _sizing(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from vllm_continuum.experiments.cli import workload_args
-
     p = subparsers.add_parser(
         "calibrate", help="measure a running server's step time and write a simulator cost model",
         description="Times prefills (TTFT of fresh prompts, cold and after a cached prefix) and "
@@ -55,28 +53,31 @@ def register(subparsers) -> None:
                     "server at --url, fits the linear step model of sim/cost_model.py and writes "
                     "it with the server's pool and limits and the measurements "
                     "(docs/calibration.md). Run it on an otherwise idle server.")
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the vLLM server to measure")
-    p.add_argument("--bench-server", type=int, metavar="LAYERS",
-                   help="instead of --url: start the CPU benchmark's server as `compare` does "
-                        "(the benchmark model of this depth; --num-gpu-blocks, default 160, and "
-                        "--max-model-len, default 4096), calibrate it, stop it")
+    server = p.add_mutually_exclusive_group()
+    server.add_argument("--url", default="http://127.0.0.1:8000", help="the vLLM server to measure")
+    server.add_argument("--bench-server", type=positive_int, metavar="LAYERS",
+                        help="instead of --url: start the CPU benchmark's server as `compare` does "
+                             f"(the benchmark model of this depth; --num-gpu-blocks, default "
+                             f"{DEFAULT_NUM_BLOCKS}, and --max-model-len, default "
+                             f"{DEFAULT_MAX_MODEL_LEN}), calibrate it, stop it")
     p.add_argument("--logs", type=Path, default=Path("runs/calibrate-logs"),
                    help="--bench-server: where the server's log goes")
     p.add_argument("--out", type=Path, required=True, help="the cost-model YAML to write")
-    p.add_argument("--lengths", type=int, nargs="+",
+    p.add_argument("--lengths", type=positive_int, nargs="+",
                    help="cold prefill lengths (default: 16, then doubling from 128 to the context window)")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64],
+    p.add_argument("--batches", type=positive_int, nargs="+", default=[1, 4, 16, 64],
                    help="decode batch sizes B (those over the pool or max_num_seqs are left out)")
-    p.add_argument("--contexts", type=int, nargs="+",
+    p.add_argument("--contexts", type=positive_int, nargs="+",
                    help="decode contexts C (default: 128, half and nearly all of the window)")
-    p.add_argument("--repeats", type=int, default=2, help="repeats of each point")
-    p.add_argument("--decode-tokens", type=int, default=48, help="tokens each decode stream generates")
+    p.add_argument("--repeats", type=positive_int, default=2, help="repeats of each point")
+    p.add_argument("--decode-tokens", type=positive_int, default=48,
+                   help="tokens each decode stream generates")
     p.add_argument("--seed", type=int, default=0, help="prompts and probe order")
     p.add_argument("--no-guided", action="store_true",
                    help="skip the decode points under a grammar (structured outputs), which are "
                         "reported beside the fit (what --hints none's tool calls cost), not fitted")
     for name in FIELDS:
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int,
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=positive_int,
                        help=f"{name}, if the server does not say it")
     p.set_defaults(run=_calibrate)
 
@@ -84,6 +85,6 @@ def register(subparsers) -> None:
         "sizing", help="a workload on a cost model: re-prefill vs decode of resumed turns, pool vs contexts")
     workload_args(p, "cpu-overload")
     p.add_argument("--cost-model", required=True, help="e.g. one `calibrate` wrote for the server")
-    p.add_argument("--num-blocks", type=int, help="KV pool in blocks (default: the cost model's)")
-    p.add_argument("--batch", type=int, default=8, help="decodes beside each other for the batched figure")
+    p.add_argument("--num-blocks", type=positive_int, help="KV pool in blocks (default: the cost model's)")
+    p.add_argument("--batch", type=positive_int, default=8, help="decodes beside each other for the batched figure")
     p.set_defaults(run=_sizing)

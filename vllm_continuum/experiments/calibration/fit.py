@@ -36,11 +36,11 @@ from vllm_continuum.experiments.sim.cost_model import Linear, StepFeatures
 TERMS = ("step_s", "per_token_s", "per_pair_s", "per_seq_s", "api_overhead_s")
 
 
-def features(point: Point) -> list[float]:
-    total = StepFeatures(0.0, 0.0, 0.0, 0.0)
-    for batch in point.steps:
-        total = total + StepFeatures.of(batch)
-    return [float(len(point.steps)), total.tokens, total.pairs, total.decodes, float(point.overhead)]
+def features(point: Point) -> dict[str, float]:
+    """What each constant of TERMS is multiplied by in the point's time."""
+    total = sum((StepFeatures.of(batch) for batch in point.steps), StepFeatures(0.0, 0.0, 0.0, 0.0))
+    return {"step_s": float(len(point.steps)), "per_token_s": total.tokens, "per_pair_s": total.pairs,
+            "per_seq_s": total.decodes, "api_overhead_s": float(point.overhead)}
 
 
 @dataclass
@@ -57,11 +57,14 @@ class Fit:
         return self.coefficients["api_overhead_s"]
 
     def predicted(self, point: Point) -> float:
-        return float(np.dot(features(point), [self.coefficients[t] for t in TERMS]))
+        return sum(value * self.coefficients[term] for term, value in features(point).items())
+
+    def relative_error(self, point: Point) -> float:
+        """predicted / measured - 1."""
+        return self.predicted(point) / point.measured_s - 1
 
     def relative_errors(self, kind: str | None = None) -> list[float]:
-        return [self.predicted(p) / p.measured_s - 1 for p in self.points
-                if kind is None or p.kind == kind]
+        return [self.relative_error(p) for p in self.points if kind is None or p.kind == kind]
 
     def error_summary(self) -> dict:
         out = {}
@@ -92,7 +95,7 @@ def fit_points(points: Sequence[Point]) -> Fit:
     """Non-negative least squares on relative errors, by dropping negative terms."""
     if len(points) < len(TERMS):
         raise ValueError(f"{len(points)} points cannot fit {len(TERMS)} constants: measure more")
-    x = np.array([features(p) for p in points])
+    x = np.array([[features(p)[t] for t in TERMS] for p in points])
     y = np.array([p.measured_s for p in points])
     weights = 1.0 / np.maximum(y, 1e-6)
     xw, yw = x * weights[:, None], y * weights

@@ -23,14 +23,14 @@ per-request overhead, so nothing is subtracted. The same under a grammar
 client sends no hints) says what guided decoding adds to a step, which the
 simulator does not model: reported beside the fit, not fitted.
 
-Prompts are random ids in TOKEN_RANGE (ordinary tokens of any real
-tokenizer too), distinct per probe, so nothing but the intended prefix hits.
+Prompts are random ids in the replay's TOKEN_RANGE (ordinary tokens of the
+project's tokenizers), distinct per probe, so nothing but the intended prefix
+hits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import time
@@ -39,9 +39,14 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-TOKEN_RANGE = (300, 2000)
+from vllm_continuum.experiments.live.completion_stream import completion_events, token_ids
+from vllm_continuum.experiments.live.replay import TOKEN_RANGE
+
 DECODE_TAIL = 8  # each decode stream's own tokens after the shared prefix
 GUIDED = "decode-guided"  # a decode point under a grammar: a diagnostic, not fitted
+# A decode point needs the streams side by side for this many steps: fewer gaps
+# than that and one scheduling hiccup is the whole measurement.
+MIN_WINDOW_STEPS = 4
 
 
 @dataclass
@@ -50,7 +55,7 @@ class Point:
     cached tokens) per request, and the seconds measured. `overhead`: whether
     the time holds one request's API overhead (prefill TTFT) or not (a gap)."""
 
-    kind: str  # "prefill" or "decode"
+    kind: str  # "prefill", "decode" or GUIDED
     params: dict
     steps: list[list[tuple[int, int]]]
     measured_s: float
@@ -88,19 +93,13 @@ async def _stream(client: httpx.AsyncClient, body: dict) -> tuple[float, list[tu
     chunks: list[tuple[float, int]] = []
     usage: dict = {}
     sent = time.perf_counter()
-    async with client.stream("POST", "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            text = (await response.aread()).decode(errors="replace")[:300]
-            raise RuntimeError(f"HTTP {response.status_code} from the server: {text}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line[6:].strip() == "[DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            now = time.perf_counter()
-            ids = sum(len(c.get("token_ids") or []) for c in chunk.get("choices") or [])
-            if ids:
-                chunks.append((now, ids))
-            usage = chunk.get("usage") or usage
+    async for arrived, chunk in completion_events(client, body):
+        if chunk.get("error"):  # vLLM reports a failure inside a started stream this way
+            raise RuntimeError(f"the server's stream ended in an error: {chunk['error']}")
+        ids = len(token_ids(chunk))
+        if ids:
+            chunks.append((arrived, ids))
+        usage = chunk.get("usage") or usage
     return sent, chunks, usage
 
 
@@ -126,12 +125,12 @@ async def prefill_point(client: httpx.AsyncClient, model: str, prompts: Prompts,
         raise RuntimeError(f"a prefill of {n} tokens returned no token")
     # What the engine found cached: the server's count if it reports it
     # (--enable-prompt-tokens-details), else the prefix's full blocks.
-    hit = _cached(usage)
-    hit = cached // block_size * block_size if hit is None else hit
+    reported = _cached(usage)
+    hit = cached // block_size * block_size if reported is None else reported
     new = cached + n - hit
     steps = [[(k, hit + done)] for done, k in _chunks(new, chunk)]
     return Point("prefill", {"n": n, "cached": cached}, steps, chunks[0][0] - sent, True,
-                 {"cache_hit_tokens": hit, "cached_reported": _cached(usage) is not None})
+                 {"cache_hit_tokens": hit, "cached_reported": reported is not None})
 
 
 def _chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -145,9 +144,12 @@ def _widest_full_window(streams: list[list[tuple[float, int]]]) -> tuple[float, 
     the API server may hand the engine the last requests after the first finished."""
     spans = [(chunks[0][0], chunks[-1][0]) for chunks in streams]
     edges = sorted({t for span in spans for t in span})
+    # Between consecutive edges the set of decoding streams does not change.
     active = [(a, b, sum(s <= a and b <= e for s, e in spans)) for a, b in zip(edges, edges[1:])]
+    if not active:
+        raise RuntimeError("every decode stream's tokens arrived at one instant: no step to time")
     most = max(k for _, _, k in active)
-    best, run = (0.0, 0.0), None
+    best, run = (0.0, 0.0), None  # run: the current stretch of intervals with `most` streams
     for a, b, k in active:
         run = (run[0] if run else a, b) if k == most else None
         if run and run[1] - run[0] > best[1] - best[0]:
@@ -168,9 +170,9 @@ def steady_step_s(streams: list[list[tuple[float, int]]]) -> tuple[float, dict]:
         tokens = sum(k for _, k in inside[1:])
         per_stream.append((inside[-1][0] - inside[0][0]) / tokens)
         tokens_in_window.append(tokens)
-    if len(per_stream) < batch or statistics.median(tokens_in_window) < 4:
-        raise RuntimeError(f"{len(streams)} decode streams never decoded side by side for 4 steps: "
-                           "raise --decode-tokens or lower --batches")
+    if len(per_stream) < batch or statistics.median(tokens_in_window) < MIN_WINDOW_STEPS:
+        raise RuntimeError(f"{len(streams)} decode streams never decoded side by side for "
+                           f"{MIN_WINDOW_STEPS} steps: raise --decode-tokens or lower --batches")
     step = statistics.median(per_stream)
     return step, {"window_s": end - start, "tokens_per_stream": statistics.median(tokens_in_window),
                   "batch_decoding": batch, "stream_step_s_min": min(per_stream),

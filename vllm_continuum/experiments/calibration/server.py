@@ -27,6 +27,9 @@ CPU_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048}
 
 @dataclass
 class ServerShape:
+    """The served model and FIELDS (each also readable as an attribute:
+    shape.block_size), with where each value came from."""
+
     model: str  # the served name, which requests carry
     values: dict[str, int]
     sources: dict[str, str] = field(default_factory=dict)
@@ -38,14 +41,21 @@ class ServerShape:
         raise AttributeError(name)
 
 
-def _server_info(client: httpx.Client) -> dict[str, int]:
+def _get(client: httpx.Client, path: str, **params) -> httpx.Response | None:
+    """The endpoint's answer, or None where the server does not offer it (or fails)."""
     try:
-        response = client.get("/server_info", params={"config_format": "json"})
+        response = client.get(path, params=params)
     except httpx.HTTPError:
+        return None
+    return response if response.status_code == 200 else None
+
+
+def _server_info(client: httpx.Client) -> dict[str, int]:
+    response = _get(client, "/server_info", config_format="json")
+    try:
+        config = (response.json().get("vllm_config") or {}) if response else {}
+    except (ValueError, AttributeError):  # not JSON, or not an object
         return {}
-    if response.status_code != 200:
-        return {}
-    config = response.json().get("vllm_config") or {}
     if not isinstance(config, dict):
         return {}
     cache, sched, model = (config.get(k) or {} for k in ("cache_config", "scheduler_config",
@@ -63,8 +73,8 @@ def _server_info(client: httpx.Client) -> dict[str, int]:
 def _cache_config_info(client: httpx.Client) -> dict[str, int]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    response = client.get("/metrics")
-    if response.status_code != 200:
+    response = _get(client, "/metrics")
+    if response is None:
         return {}
     for family in text_string_to_metric_families(response.text):
         if family.name == "vllm:cache_config_info":
@@ -75,17 +85,31 @@ def _cache_config_info(client: httpx.Client) -> dict[str, int]:
     return {}
 
 
+def _model_card(client: httpx.Client) -> dict:
+    """The first model the server serves (`/v1/models`); without one, nothing to measure."""
+    response = _get(client, "/v1/models")
+    try:
+        card = response.json()["data"][0] if response else {}
+    except (ValueError, KeyError, IndexError, TypeError):  # not JSON, or no model listed
+        return {}
+    return card if isinstance(card, dict) else {}
+
+
 def read_shape(base_url: str, flags: dict[str, int | None]) -> ServerShape:
     """The server's shape; `flags` (field -> value or None) fill what it does not
     say, and override nothing it does. Fails, saying which flag to pass, when a
     field has neither."""
     with httpx.Client(base_url=base_url.rstrip("/"), timeout=30) as client:
-        card = client.get("/v1/models").raise_for_status().json()["data"][0]
+        card = _model_card(client)
+        if not card.get("id"):
+            raise SystemExit(f"no OpenAI-compatible server lists a model at {base_url}/v1/models: "
+                             "start one and pass its --url, or let --bench-server LAYERS start the "
+                             "CPU benchmark's")
         sources: list[tuple[str, dict[str, int]]] = [
             ("/server_info", _server_info(client)),
             ("/metrics vllm:cache_config_info", _cache_config_info(client)),
             ("/v1/models", {"max_model_len": int(card["max_model_len"])}
-             if card.get("max_model_len") else {}),
+             if str(card.get("max_model_len", "")).isdigit() else {}),
         ]
     sources.append(("flag", {k: v for k, v in flags.items() if v is not None}))
     sources.append(("vLLM's CPU default (arg_utils.py)", CPU_DEFAULTS))

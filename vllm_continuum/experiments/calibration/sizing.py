@@ -42,6 +42,7 @@ def resumed_turn_costs(trace: Trace, cost: CostModel, batch: int) -> list[dict]:
 
 
 def sizing_report(trace: Trace, cost: CostModel, batch: int) -> str:
+    """The two numbers, with the medians and ranges behind them, and the cost model read."""
     finals = [p.final_context_tokens for p in trace.agents]
     rows = resumed_turn_costs(trace, cost, batch)
     if not rows:
@@ -51,7 +52,7 @@ def sizing_report(trace: Trace, cost: CostModel, batch: int) -> str:
     pool = cost.pool_tokens
     return "\n".join([
         f"{len(trace.agents)} programs, final contexts {min(finals)}-{max(finals)} tokens "
-        f"(sum {sum(finals)}); KV pool {pool} tokens ({cost.num_gpu_blocks - 1} blocks of {cost.block_size}): "
+        f"(sum {sum(finals)}); KV pool {pool} tokens ({pool // cost.block_size} blocks of {cost.block_size}): "
         f"the pool holds {pool / sum(finals):.2f} of the final contexts",
         f"{len(rows)} resumed turns, contexts {min(r['context'] for r in rows)}-"
         f"{max(r['context'] for r in rows)} tokens: re-prefill "
@@ -62,5 +63,5 @@ def sizing_report(trace: Trace, cost: CostModel, batch: int) -> str:
         f"{sum(x >= 1 for x in alone) / len(alone):.0%} of turns >= 1); beside {batch - 1} others "
         f"{statistics.median(batched):.2f}x (min {min(batched):.2f}x, "
         f"{sum(x >= 1 for x in batched) / len(batched):.0%} >= 1)",
-        f"cost model {cost.name}" + (f": {cost.description.split('. ')[0]}." if cost.description else ""),
+        f"cost model {cost.name}" + (f": {cost.headline}" if cost.headline else ""),
     ])

@@ -100,6 +100,14 @@ class CostModel(BaseModel):
     api_overhead_s: float = Field(
         0.0, ge=0, description="per request, outside the engine's steps (measured by calibrate; "
         "the simulator does not add it, predict does)")
+    calibration: dict | None = Field(
+        None, description="how `calibrate` measured it: command, date, machine, load, points, error")
+
+    @property
+    def headline(self) -> str:
+        """The description's first sentence (what the model is, how it was obtained),
+        for the foot of a report that used it."""
+        return self.description.split(". ")[0].rstrip(".") + "." if self.description else ""
 
     def step_time(self, batch: list[tuple[int, int]]) -> float:
         """batch: (new tokens, tokens already cached) per scheduled request."""
@@ -132,13 +140,10 @@ class CostModel(BaseModel):
 
     def prefill_profile(self) -> PrefillProfile:
         """What `vllm-continuum profile` would fit on the modelled server: the
-        quadratic through cold prefills of doubling lengths."""
-        lengths, n = [], 128
-        while n < self.max_model_len:
-            lengths.append(n)
-            n *= 2
-        lengths.append(self.max_model_len - 16)
-        points = [(n, self.prefill_seconds(n)) for n in lengths]
+        quadratic through cold prefills of the lengths it measures."""
+        from vllm_continuum.tools.prefill_probe import default_lengths
+
+        points = [(n, self.prefill_seconds(n)) for n in default_lengths(self.max_model_len)]
         return PrefillProfile.fit(points, source=f"fitted to cost model {self.name}")
 
     def max_step_s(self) -> float:
