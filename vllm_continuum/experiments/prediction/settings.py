@@ -22,12 +22,14 @@ from pathlib import Path
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.experiments.results import RunResult
 
-STOCK = "stock"
-CONTINUUM = "default"  # sim/policies.py: our scheduler, no settings but those given
+# sim/policies.py's names: vLLM's own scheduler, and ours with no settings but those given.
+STOCK_POLICY = "stock"
+CONTINUUM_POLICY = "default"
 
 
 def _text(value) -> str:
-    """A setting as the simulator's CONTINUUM_*-style settings take it (sim_config)."""
+    """A setting as the simulator's CONTINUUM_*-style settings take it (the inverse of
+    sim/policies.py's sim_config: JSON for mappings and lists)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (dict, list)):
@@ -41,7 +43,7 @@ def sim_policy(run: RunResult, run_dir: Path) -> tuple[str, dict[str, str], list
     if config is None:
         if run.meta.get("continuum_settings"):
             raise SystemExit(f"{run.label}: recorded without its effective config; run compare again")
-        return STOCK, {}, []
+        return STOCK_POLICY, {}, []
     known = ContinuumConfig.model_fields
     notes = [f"{run.label}: setting {k} (recorded) is unknown to this version: not simulated"
              for k in config if k not in known]
@@ -56,4 +58,11 @@ def sim_policy(run: RunResult, run_dir: Path) -> tuple[str, dict[str, str], list
             notes.append(f"{run.label}: its prefill profile {profile} is gone: the cost model's is used")
         else:
             settings["PREFILL_PROFILE"] = str(found)
-    return CONTINUUM, settings, notes
+    return CONTINUUM_POLICY, settings, notes
+
+
+def describe(policy: str, settings: dict[str, str]) -> str:
+    """The simulated scheduler in a few words, for the report's `sim` column."""
+    if policy == STOCK_POLICY:
+        return "vLLM"
+    return f"ours: {settings.get('TTL_POLICY')}, {settings.get('QUEUE_ORDER')}, {settings.get('PRESSURE_POLICY')}"

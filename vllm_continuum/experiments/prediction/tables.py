@@ -6,11 +6,11 @@ flavour JCT ratio of the round, each with its error (predicted / measured -
 1). The second is where to look when they differ: TTFT of first and of
 resumed turns (queueing and prefill), decode time per output token (the
 decode step; tool turns apart, since without hints they decode under a
-grammar the simulator does not model), tokens prefilled (what the cache kept), and the median
-per-turn TTFT ratio. Then per flavour over the rounds: the JCT error's range,
-whether the predicted ratio to stock is on the measured side of 1, and how
-far stock itself moved between rounds (measured and predicted), the noise
-any error must be read against.
+grammar the simulator does not model), tokens prefilled (what the cache
+kept), and the median per-turn TTFT ratio. Then per flavour over the rounds:
+the JCT error's range, whether the predicted ratio to stock is on the
+measured side of 1, and how far stock itself moved between rounds (measured
+and predicted), the noise any error must be read against.
 """
 
 from __future__ import annotations
@@ -18,25 +18,35 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from vllm_continuum.experiments.report import summarize
-from vllm_continuum.experiments.results import RunResult
+from vllm_continuum.experiments.live.flavours import STOCK
+from vllm_continuum.experiments.live.round_report import value_range
+from vllm_continuum.experiments.markdown import table
+from vllm_continuum.experiments.report import ratio, summarize
+from vllm_continuum.experiments.results import RunResult, TurnRecord
 
 TARGET = 0.15  # issue 20: mean-JCT prediction error within 15%
 
 
 @dataclass
 class Pair:
+    """One replay of a round: what it measured, and its simulation."""
+
     round: int
-    label: str
-    policy: str
+    label: str  # the live flavour
+    policy: str  # the simulated scheduler, in words (settings.describe)
     measured: RunResult
     predicted: RunResult
-    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.m, self.p = summarize(self.measured), summarize(self.predicted)
+
+
+def by_turn(run: RunResult) -> dict[tuple[str, int], TurnRecord]:
+    """A run's turns and one-shot requests by (program, turn): how a measured turn
+    finds its simulated one."""
+    return {(t.program, t.turn): t for t in [*run.turns, *run.one_shot]}
 
 
 def _err(pred: float, meas: float) -> float:
@@ -47,12 +57,13 @@ def _f(value: float, fmt: str) -> str:
     return fmt.format(value) if isinstance(value, (int, float)) and math.isfinite(value) else ""
 
 
-def _row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
 def _stock(pairs: Sequence[Pair], rnd: int) -> Pair | None:
-    return next((q for q in pairs if q.round == rnd and q.label == "stock"), None)
+    return next((q for q in pairs if q.round == rnd and q.label == STOCK), None)
+
+
+def _beside(q: Pair, key: str, fmt: str) -> list[str]:
+    """Measured, predicted and the error of one figure."""
+    return [_f(q.m[key], fmt), _f(q.p[key], fmt), _f(_err(q.p[key], q.m[key]), "{:+.1%}")]
 
 
 def outcome_table(pairs: Sequence[Pair]) -> str:
@@ -60,22 +71,18 @@ def outcome_table(pairs: Sequence[Pair]) -> str:
     head = ["round", "flavour", "sim", "mean JCT s meas", "pred", "error", "makespan s meas", "pred",
             "error", "stock / JCT meas", "pred", "reuse meas", "pred"]
     head += ["one-shot p99 TTFT s meas", "pred", "error"] if one_shot else []
-    lines = [_row(head), "|" + "---|" * len(head)]
+    rows = []
     for q in pairs:
         base = _stock(pairs, q.round)
-        cells = [str(q.round), q.label, q.policy,
-                 _f(q.m["jct_mean_s"], "{:.2f}"), _f(q.p["jct_mean_s"], "{:.2f}"),
-                 _f(_err(q.p["jct_mean_s"], q.m["jct_mean_s"]), "{:+.1%}"),
-                 _f(q.m["makespan_s"], "{:.1f}"), _f(q.p["makespan_s"], "{:.1f}"),
-                 _f(_err(q.p["makespan_s"], q.m["makespan_s"]), "{:+.1%}"),
-                 _f(base.m["jct_mean_s"] / q.m["jct_mean_s"], "{:.2f}x") if base else "",
-                 _f(base.p["jct_mean_s"] / q.p["jct_mean_s"], "{:.2f}x") if base else "",
+        cells = [str(q.round), q.label, q.policy, *_beside(q, "jct_mean_s", "{:.2f}"),
+                 *_beside(q, "makespan_s", "{:.1f}"),
+                 ratio(base.m["jct_mean_s"], q.m["jct_mean_s"]) if base else "",
+                 ratio(base.p["jct_mean_s"], q.p["jct_mean_s"]) if base else "",
                  _f(q.m["reuse_of_prev_prompt"], "{:.1%}"), _f(q.p["reuse_of_prev_prompt"], "{:.1%}")]
         if one_shot:
-            cells += [_f(q.m["one_shot_ttft_p99_s"], "{:.3f}"), _f(q.p["one_shot_ttft_p99_s"], "{:.3f}"),
-                      _f(_err(q.p["one_shot_ttft_p99_s"], q.m["one_shot_ttft_p99_s"]), "{:+.1%}")]
-        lines.append(_row(cells))
-    return "\n".join(lines)
+            cells += _beside(q, "one_shot_ttft_p99_s", "{:.3f}")
+        rows.append(cells)
+    return table(head, rows)
 
 
 def _decode_s_per_token(run: RunResult, tool_turns: bool) -> float:
@@ -88,14 +95,16 @@ def _decode_s_per_token(run: RunResult, tool_turns: bool) -> float:
 
 
 def _mean_ttft(run: RunResult, resumed: bool) -> float:
+    """Mean TTFT of the agents' first turns (resumed=False) or of their later turns."""
     xs = [t.ttft_s for t in run.turns if (t.turn > 0) == resumed]
     return statistics.fmean(xs) if xs else float("nan")
 
 
 def _turn_ttft_ratio(q: Pair) -> float:
-    meas = {(t.program, t.turn): t.ttft_s for t in [*q.measured.turns, *q.measured.one_shot]}
-    ratios = [t.ttft_s / meas[(t.program, t.turn)] for t in [*q.predicted.turns, *q.predicted.one_shot]
-              if meas.get((t.program, t.turn), 0) > 0]
+    """Median over turns of predicted / measured TTFT, turn by turn."""
+    meas = by_turn(q.measured)
+    ratios = [t.ttft_s / meas[key].ttft_s for key, t in by_turn(q.predicted).items()
+              if key in meas and meas[key].ttft_s > 0]
     return statistics.median(ratios) if ratios else float("nan")
 
 
@@ -104,72 +113,57 @@ def diagnosis_table(pairs: Sequence[Pair]) -> str:
             "decode s/token, tool turns meas", "pred", "other turns meas", "pred",
             "tokens prefilled meas", "pred", "turn TTFT pred/meas (median)",
             "sim: preemptions, KV pool used", "load avg before, after"]
-    lines = [_row(head), "|" + "---|" * len(head)]
+    rows = []
     for q in pairs:
         meta = q.predicted.meta
-        lines.append(_row([
+        rows.append([
             str(q.round), q.label,
-            _f(_mean_ttft(q.measured, False), "{:.3f}"), _f(_mean_ttft(q.predicted, False), "{:.3f}"),
-            _f(_mean_ttft(q.measured, True), "{:.3f}"), _f(_mean_ttft(q.predicted, True), "{:.3f}"),
+            *(_f(_mean_ttft(r, resumed), "{:.3f}") for resumed in (False, True)
+              for r in (q.measured, q.predicted)),
             *(_f(_decode_s_per_token(r, tools), "{:.4f}") for tools in (True, False)
               for r in (q.measured, q.predicted)),
             str(q.m["prefilled_tokens"]), str(q.p["prefilled_tokens"]),
             _f(_turn_ttft_ratio(q), "{:.2f}x"),
             f"{meta.get('preemptions', '')}, {_f(meta.get('pool_usage_mean', float('nan')), '{:.0%}')}",
-            ", ".join(str(x) for x in q.measured.meta.get("load_average", []))]))
-    return "\n".join(lines)
+            ", ".join(str(x) for x in q.measured.meta.get("load_average", []))])
+    return table(head, rows)
 
 
 def _side(x: float) -> int:
     return 0 if abs(x - 1) < 1e-9 else (1 if x > 1 else -1)
 
 
+def _flavour_line(pairs: Sequence[Pair], label: str) -> str:
+    """A flavour over the rounds: its JCT error's range against TARGET and, beside
+    stock, whether the predicted ratio falls on the measured side of 1."""
+    mine = [q for q in pairs if q.label == label]
+    errs = [e for q in mine if math.isfinite(e := _err(q.p["jct_mean_s"], q.m["jct_mean_s"]))]
+    if not errs:
+        return f"{label}: no round with a mean JCT both measured and predicted"
+    within = sum(abs(e) <= TARGET for e in errs)
+    line = (f"{label}: mean-JCT error by round {min(errs):+.1%} to {max(errs):+.1%} "
+            f"(within {TARGET:.0%} in {within} of {len(errs)} rounds)")
+    bases = [(_stock(pairs, q.round), q) for q in mine if label != STOCK]
+    ratios = [(b.m["jct_mean_s"] / q.m["jct_mean_s"], b.p["jct_mean_s"] / q.p["jct_mean_s"])
+              for b, q in bases if b is not None]
+    ratios = [(m, p) for m, p in ratios if m > 0 and p > 0]  # finite, and a mean to take
+    if ratios:
+        geo_m = statistics.geometric_mean(m for m, _ in ratios)
+        geo_p = statistics.geometric_mean(p for _, p in ratios)
+        same = sum(_side(m) == _side(p) for m, p in ratios)
+        line += (f"; stock / JCT measured {geo_m:.2f}x, predicted {geo_p:.2f}x (geometric means), "
+                 f"same side of 1 in {same} of {len(ratios)} rounds, overall "
+                 f"{'yes' if _side(geo_m) == _side(geo_p) else 'NO'}")
+    return line
+
+
 def summary_lines(pairs: Sequence[Pair]) -> list[str]:
-    lines = []
-    labels = list(dict.fromkeys(q.label for q in pairs))
-    for label in labels:
-        mine = [q for q in pairs if q.label == label]
-        errs = [_err(q.p["jct_mean_s"], q.m["jct_mean_s"]) for q in mine]
-        within = sum(abs(e) <= TARGET for e in errs)
-        line = (f"{label}: mean-JCT error by round {min(errs):+.1%} to {max(errs):+.1%} "
-                f"(within {TARGET:.0%} in {within} of {len(errs)} rounds)")
-        bases = [(_stock(pairs, q.round), q) for q in mine if label != "stock"]
-        ratios = [(b.m["jct_mean_s"] / q.m["jct_mean_s"], b.p["jct_mean_s"] / q.p["jct_mean_s"])
-                  for b, q in bases if b is not None]
-        if ratios:
-            geo_m = math.exp(statistics.fmean(math.log(m) for m, _ in ratios))
-            geo_p = math.exp(statistics.fmean(math.log(p) for _, p in ratios))
-            same = sum(_side(m) == _side(p) for m, p in ratios)
-            line += (f"; stock / JCT measured {geo_m:.2f}x, predicted {geo_p:.2f}x (geometric means), "
-                     f"same side of 1 in {same} of {len(ratios)} rounds, overall "
-                     f"{'yes' if _side(geo_m) == _side(geo_p) else 'NO'}")
-        lines.append(line)
-    stock = [q for q in pairs if q.label == "stock"]
+    lines = [_flavour_line(pairs, label) for label in dict.fromkeys(q.label for q in pairs)]
+    stock = [q for q in pairs if q.label == STOCK]
     if len(stock) > 1:
         for what, key in (("measured", "m"), ("predicted", "p")):
             jct = [getattr(q, key)["jct_mean_s"] for q in stock]
-            lines.append(f"stock's mean JCT over rounds, {what}: {min(jct):.2f}-{max(jct):.2f} s "
-                         f"(max / min {max(jct) / min(jct):.2f}x)")
+            lines.append(f"stock's mean JCT over rounds, {what}: {value_range(jct, '{:.2f}')}")
         lines.append("(the measured spread is the machine's drift: an error or a ratio inside it is not "
                      "signal; the predicted spread comes from the rounds' sent traces alone)")
     return lines
-
-
-TURN_COLUMNS = ("round", "flavour", "program", "turn", "tool", "prompt_tokens",
-                "ttft_meas_s", "ttft_pred_s", "latency_meas_s", "latency_pred_s",
-                "cached_meas", "cached_pred", "output_meas", "output_pred")
-
-
-def turn_rows(pairs: Sequence[Pair]) -> list[tuple]:
-    """Every turn (one-shot requests included) measured beside predicted, matched by
-    program and turn: where a disagreement sits, turn by turn (predict's turns.csv)."""
-    rows = []
-    for q in pairs:
-        pred = {(t.program, t.turn): t for t in [*q.predicted.turns, *q.predicted.one_shot]}
-        for m in sorted([*q.measured.turns, *q.measured.one_shot], key=lambda t: t.sent_s):
-            p = pred.get((m.program, m.turn))
-            if p is not None:
-                rows.append((q.round, q.label, m.program, m.turn, m.tool or "", m.prompt_tokens,
-                             m.ttft_s, p.ttft_s, m.latency_s, p.latency_s, m.cached_tokens,
-                             p.cached_tokens, m.output_tokens, p.output_tokens))
-    return rows
