@@ -41,7 +41,8 @@ def test_the_shipped_grid_loads_and_names_known_policies():
     assert len(spec.grid(quick=False)) == sum(len(c.loads) for c in spec.cells)
     overload = spec.grid(quick=False, load="overload")
     assert {c.workload for c, _, _ in overload} >= {"swebench-final-context", "coding-agent"}
-    assert all(c.load("overload").programs >= 40 for c, _, _ in overload)
+    assert all(c.load("overload").programs >= 40 for c, _, _ in overload
+               if c.cost_model.startswith("h100"))
 
 
 def test_a_tiny_matrix_end_to_end(tmp_path):

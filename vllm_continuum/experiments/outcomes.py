@@ -23,27 +23,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
+from vllm_continuum.experiments.report import makespan_s, percentile
 from vllm_continuum.experiments.results import RunResult
 
 SLOWER = 1.10  # a program is "slower" beyond this JCT ratio to the baseline
 
 
-def _pct(values, q: float) -> float:
-    return float(np.percentile(values, q)) if len(values) else float("nan")
-
-
 def _over(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
-
-
-def makespan_s(run: RunResult) -> float:
-    """From the first program's arrival to the last program's end (the agents'
-    batch; one-shot requests are judged by their latency)."""
-    start = min((p.arrival_s for p in run.programs), default=0.0)
-    end = max((p.end_s for p in run.programs), default=0.0)
-    return max(1e-9, end - start)
 
 
 def program_ratios(run: RunResult, base: RunResult) -> list[float]:
@@ -65,12 +52,12 @@ def outcome(run: RunResult, base: RunResult) -> dict:
         "programs_slower_10pct": (sum(r > SLOWER for r in ratios) / len(ratios)
                                   if ratios else float("nan")),
         "worst_program_ratio": max(ratios, default=float("nan")),
-        "median_program_ratio": _pct(ratios, 50),
+        "median_program_ratio": percentile(ratios, 50),
         "makespan_ratio": _over(makespan_s(base), makespan_s(run)),
     }
     for what in ("ttft", "latency"):
         for q in (50, 99):
-            out[f"one_shot_{what}_p{q}_ratio"] = _over(_pct(mine[what], q), _pct(theirs[what], q))
+            out[f"one_shot_{what}_p{q}_ratio"] = _over(percentile(mine[what], q), percentile(theirs[what], q))
     return out
 
 

@@ -20,12 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_continuum.experiments.outcomes import makespan_s
 from vllm_continuum.experiments.results import RunResult
 
 
-def _pct(values, q: float) -> float:
+def percentile(values, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def makespan_s(run: RunResult) -> float:
+    """From the first program's arrival to the last program's end (the agents'
+    batch; one-shot requests are judged by their latency)."""
+    start = min((p.arrival_s for p in run.programs), default=0.0)
+    end = max((p.end_s for p in run.programs), default=0.0)
+    return max(1e-9, end - start)
 
 
 def _mean(values) -> float:
@@ -48,13 +55,13 @@ def summarize(run: RunResult) -> dict:
         "turns": len(turns),
         "errors": len(run.errors),
         "jct_mean_s": _mean(jct),
-        "jct_p50_s": _pct(jct, 50),
-        "jct_p95_s": _pct(jct, 95),
-        "jct_p99_s": _pct(jct, 99),
+        "jct_p50_s": percentile(jct, 50),
+        "jct_p95_s": percentile(jct, 95),
+        "jct_p99_s": percentile(jct, 99),
         "ttft_mean_s": _mean([t.ttft_s for t in turns]),
-        "ttft_p50_s": _pct([t.ttft_s for t in turns], 50),
-        "ttft_p95_s": _pct([t.ttft_s for t in turns], 95),
-        "ttft_p99_s": _pct([t.ttft_s for t in turns], 99),
+        "ttft_p50_s": percentile([t.ttft_s for t in turns], 50),
+        "ttft_p95_s": percentile([t.ttft_s for t in turns], 95),
+        "ttft_p99_s": percentile([t.ttft_s for t in turns], 99),
         "ttft_resumed_mean_s": _mean([t.ttft_s for t in resumed]),
         # Of the previous turn's prompt, how much the resumed turn found cached.
         "reuse_of_prev_prompt": kept / prev if prev else float("nan"),
@@ -78,10 +85,10 @@ def one_shot_summary(run: RunResult) -> dict:
     latency = [t.latency_s for t in run.one_shot]
     return {
         "one_shot_requests": len(run.one_shot),
-        "one_shot_ttft_p50_s": _pct(ttft, 50),
-        "one_shot_ttft_p99_s": _pct(ttft, 99),
-        "one_shot_latency_p50_s": _pct(latency, 50),
-        "one_shot_latency_p99_s": _pct(latency, 99),
+        "one_shot_ttft_p50_s": percentile(ttft, 50),
+        "one_shot_ttft_p99_s": percentile(ttft, 99),
+        "one_shot_latency_p50_s": percentile(latency, 50),
+        "one_shot_latency_p99_s": percentile(latency, 99),
     }
 
 
