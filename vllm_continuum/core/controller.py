@@ -227,8 +227,7 @@ class PinController:
         return self._step_time if self._step_time is not None else self.clock()
 
     def begin_step(self) -> None:
-        self._step_time = None
-        self._step_time = self.now()
+        self._step_time = self.clock()
         self.step += 1
         self.release_expired(grace_until=self.step)
 
