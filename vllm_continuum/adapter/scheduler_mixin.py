@@ -91,6 +91,8 @@ class ContinuumSchedulerMixin:
             waiting_of=self._waiting_of,
             on_lane_change=self._lane_changed,
             pool_state=self._ledger.pool_state,
+            preempted_status=RequestStatus.PREEMPTED,
+            waiting_status=RequestStatus.WAITING,
         )
         self._affinity = AffinityMonitor(
             vocab_token_id(tokenizer, cfg.tool_result_token),
@@ -113,10 +115,7 @@ class ContinuumSchedulerMixin:
         self._lane_changes: set[str] = set()
         assert not self.waiting, "the waiting queue is replaced before any request"
         if cfg.queue_order != "fcfs":
-            self.waiting = self.continuum.lane_queue(
-                preempted=RequestStatus.PREEMPTED, waiting=RequestStatus.WAITING,
-                queue_cls=ContinuumWaitingQueue,
-            )
+            self.waiting = self.continuum.lane_queue(ContinuumWaitingQueue)
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins
         logger.info(

@@ -117,7 +117,11 @@ class PinController:
         waiting_of: Callable[[str], Iterable[TurnRequest]] = lambda session: (),
         on_lane_change: Callable[[str], None] = lambda session: None,
         pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None] = lambda counted: None,
+        preempted_status: object = "preempted",
+        waiting_status: object = "waiting",
     ) -> None:
+        """`preempted_status`, `waiting_status`: the request statuses (opaque
+        here) of a preempted request and of one not yet admitted."""
         self.config = config
         self.ledger = ledger
         self.stats = stats
@@ -126,7 +130,6 @@ class PinController:
         self.hash_block_size = hash_block_size
         self.hashes_per_block = max(1, block_size // hash_block_size)
         self.one_kv_group = one_kv_group  # else a pin cannot keep only its first blocks
-        self.pinning = pinning  # False without prefix caching: a pin could never be hit
         self.level: Callable[[TurnRequest], int] = (
             (lambda r: r.priority) if by_priority else (lambda r: 0)
         )
@@ -134,8 +137,9 @@ class PinController:
             config.duration_history, config.queueing_window, config.program_window
         )
         self.ttl_policy = ttl_policy(config, self.workload)
-        # A policy that never pins takes no block at all: `never` with `queue_order:
-        # fcfs` is stock vLLM exactly, the order blocks are freed in included.
+        # Without prefix caching a pin could never be hit; a policy that never pins
+        # takes no block at all (`never` with `queue_order: fcfs` is stock vLLM
+        # exactly, the order blocks are freed in included).
         self.pinning = pinning and not isinstance(self.ttl_policy, NeverTTLPolicy)
         self.pins = PinTable()
         self.sessions = SessionRegistry(config.max_tracked_sessions)
@@ -151,17 +155,13 @@ class PinController:
         # (None: unknown, Eq. 2's cost). Read only when a pin is decided.
         self.pool_state = pool_state
         self._warned_hints: set[str] = set()
-        self._preempted = self._waiting = None  # the statuses `lane_queue` is told
+        self._preempted, self._waiting = preempted_status, waiting_status
 
     # ------------------------------------------------------------- the queue
-    def lane_queue(
-        self, preempted: object, waiting: object, queue_cls: type[LaneQueue] = LaneQueue
-    ) -> LaneQueue:
+    def lane_queue(self, queue_cls: type[LaneQueue] = LaneQueue) -> LaneQueue:
         """Program-level FCFS with a pinned lane and the waiting bound.
-        `preempted`, `waiting`: the request statuses (opaque here) of a
-        preempted request and of one not yet admitted; `queue_cls`: LaneQueue
-        or a subclass (the adapter's is also vLLM's RequestQueue)."""
-        self._preempted, self._waiting = preempted, waiting
+        `queue_cls`: LaneQueue or a subclass (the adapter's is also vLLM's
+        RequestQueue)."""
         return queue_cls(
             lane_of=self.lane_of,
             key_of=self.queue_key,
