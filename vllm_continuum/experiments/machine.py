@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from pathlib import Path
 
 
@@ -28,3 +29,50 @@ def machine() -> dict:
         pass
     return {"node": platform.node(), "system": platform.platform(), "cpu": cpu or platform.processor(),
             "cpu_count": os.cpu_count()}
+
+
+def _ticks_per_s() -> float:
+    return float(os.sysconf("SC_CLK_TCK"))
+
+
+def session_cpu_s(session: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each live process of a
+    session, summed by process name: a server started in its own session
+    (the API server, vLLM's engine core, their helpers). Linux only: empty
+    elsewhere."""
+    used: dict[str, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # exited meanwhile
+            continue
+        name = text[text.find("(") + 1: text.rfind(")")]
+        fields = text[text.rfind(")") + 2:].split()
+        # after the name: state ppid pgrp session ... utime (11th) stime (12th)
+        if int(fields[3]) == session:
+            used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _ticks_per_s()
+    return used
+
+
+class CpuMeter:
+    """Where the cores went over a measurement: CPU seconds of a server's
+    processes (by name) and of this process (the client), and the wall time,
+    so a report can say how much of the machine the engine had. On a 2-core
+    machine the replay client and the API server take cores the engine's
+    kernels would use, which idle calibration probes do not show."""
+
+    def __init__(self, server_session: int):
+        self.session = server_session
+        self.server0 = session_cpu_s(server_session)
+        self.client0 = sum(os.times()[:2])
+        self.wall0 = time.monotonic()
+
+    def read(self) -> dict:
+        server = session_cpu_s(self.session)
+        return {
+            "wall_s": round(time.monotonic() - self.wall0, 2),
+            "cores": os.cpu_count(),
+            "client_s": round(sum(os.times()[:2]) - self.client0, 2),
+            "server_s": {k: round(v - self.server0.get(k, 0.0), 2) for k, v in server.items()
+                         if v - self.server0.get(k, 0.0) > 0.005},
+        }

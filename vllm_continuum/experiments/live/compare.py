@@ -40,7 +40,7 @@ from vllm_continuum.experiments.live.round_report import round_outcomes, round_t
 from vllm_continuum.experiments.live.rounds import save_round
 from vllm_continuum.experiments.live.server_counters import continuum_counters, counters_line
 from vllm_continuum.experiments.live.turn_body import HINTS_ALL
-from vllm_continuum.experiments.machine import load_average
+from vllm_continuum.experiments.machine import CpuMeter, load_average
 from vllm_continuum.experiments.publish import publish_report
 from vllm_continuum.experiments.report import markdown_table, plot_runs, ratio, summarize, write_runs
 from vllm_continuum.experiments.results import RunResult
@@ -199,13 +199,14 @@ def run_compare(
             if not profile_path.exists():
                 setup["prefill_profile"] = _profile_prefill(server.base_url, profile_path, profile_lengths)
             load_before = load_average()
+            cpu = CpuMeter(server.process.pid)  # its own session: sid == pid
             run = replay(server.base_url, trace, label=name, time_scale=time_scale,
                          seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-",
                          hints=hints)
             # How busy the machine was (1-minute load average, before and after): the
             # other engineers' jobs share these cores, and predict shows it per replay.
             run.meta.update({"round": round_no + 1, "flavour": name,
-                             "load_average": [load_before, load_average()]})
+                             "load_average": [load_before, load_average()], "cpu": cpu.read()})
             if flavour.server == "continuum":
                 # What this server ran with, defaults included: a later `predict` gives
                 # the simulator exactly this, whatever the defaults have become.

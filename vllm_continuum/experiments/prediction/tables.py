@@ -108,11 +108,24 @@ def _turn_ttft_ratio(q: Pair) -> float:
     return statistics.median(ratios) if ratios else float("nan")
 
 
+def cores_used(cpu: dict | None) -> str:
+    """'engine E + API server A + client C of N': the cores each used on average
+    over a replay (compare's CpuMeter record), or '' for a run recorded without."""
+    if not cpu or not cpu.get("wall_s"):
+        return ""
+    server = cpu.get("server_s", {})
+    engine = sum(v for k, v in server.items() if "EngineCor" in k)
+    rest = sum(server.values()) - engine
+    wall = cpu["wall_s"]
+    return (f"engine {engine / wall:.2f} + API server {rest / wall:.2f} + client "
+            f"{cpu['client_s'] / wall:.2f} of {cpu['cores']}")
+
+
 def diagnosis_table(pairs: Sequence[Pair]) -> str:
     head = ["round", "flavour", "first-turn TTFT s meas", "pred", "resumed-turn TTFT s meas", "pred",
             "decode s/token, tool turns meas", "pred", "other turns meas", "pred",
             "tokens prefilled meas", "pred", "turn TTFT pred/meas (median)",
-            "sim: preemptions, KV pool used", "load avg before, after"]
+            "sim: preemptions, KV pool used", "load avg before, after", "cores used (mean)"]
     rows = []
     for q in pairs:
         meta = q.predicted.meta
@@ -125,7 +138,8 @@ def diagnosis_table(pairs: Sequence[Pair]) -> str:
             str(q.m["prefilled_tokens"]), str(q.p["prefilled_tokens"]),
             _f(_turn_ttft_ratio(q), "{:.2f}x"),
             f"{meta.get('preemptions', '')}, {_f(meta.get('pool_usage_mean', float('nan')), '{:.0%}')}",
-            ", ".join(str(x) for x in q.measured.meta.get("load_average", []))])
+            ", ".join(str(x) for x in q.measured.meta.get("load_average", [])),
+            cores_used(q.measured.meta.get("cpu"))])
     return table(head, rows)
 
 

@@ -1,0 +1,39 @@
+"""Where the cores went over a replay (experiments/machine.py CpuMeter): a
+server's processes counted by session, this process as the client."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from vllm_continuum.experiments.machine import CpuMeter
+from vllm_continuum.experiments.prediction.tables import cores_used
+
+BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\ntime.sleep(30)"
+
+
+def test_a_session_s_cpu_is_counted_and_the_client_s_apart():
+    # A "server" that burns 0.5 s of CPU and then idles, in its own session as compare starts one.
+    server = subprocess.Popen([sys.executable, "-c", BUSY.format(s=0.5)], start_new_session=True)
+    try:
+        from_start = CpuMeter(server.pid)
+        time.sleep(3)  # its burn is over (the meter only reads /proc: it takes no CPU meanwhile)
+        after_burn = CpuMeter(server.pid)
+        t = time.process_time()
+        while time.process_time() - t < 0.3:  # the "client" burns 0.3 s
+            pass
+        whole, since = from_start.read(), after_burn.read()
+    finally:
+        server.kill()
+        server.wait()
+    assert sum(whole["server_s"].values()) >= 0.45  # the burn, counted by session
+    assert sum(since["server_s"].values()) < 0.1  # what ran before a meter started is not counted
+    assert 0.3 <= since["client_s"] < 1.0 and whole["client_s"] >= since["client_s"]
+    assert whole["wall_s"] >= 3 and whole["cores"] >= 1
+
+
+def test_cores_used_splits_the_engine_from_the_api_server():
+    cpu = {"wall_s": 10, "cores": 2, "client_s": 1, "server_s": {"VLLM::EngineCor": 12, "python": 3}}
+    assert cores_used(cpu) == "engine 1.20 + API server 0.30 + client 0.10 of 2"
+    assert cores_used(None) == "" and cores_used({"wall_s": 0}) == ""
