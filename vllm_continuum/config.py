@@ -111,15 +111,25 @@ class ContinuumConfig(BaseSettings):
         "programs, from its first arrival. Past it its turns queue by their own arrival and "
         "its pins give way to everyone: an endless session cannot starve the rest.",
     )
+    # High by default: pins are the paused part of admitted programs' working
+    # sets, and a cap below them makes those programs prefill again, the thrash
+    # program admission exists to stop. What keeps pins from starving others is
+    # the release rules, not the caps (docs/guarantees.md).
     max_pinned_fraction: float = Field(
-        0.5, gt=0, le=1, description="Cap on pinned blocks as a fraction of the KV pool."
-    )
-    max_session_pinned_fraction: float = Field(
-        0.25,
+        0.95,
         gt=0,
         le=1,
-        description="Cap on one session's pinned blocks, fraction of the KV pool: a "
-        "longer context keeps only its first blocks pinned (its prefix).",
+        description="Cap on pinned blocks as a fraction of the KV pool. Pins never cause a "
+        "preemption and give way past the waiting bound whatever this is; lower it to keep "
+        "memory pins can never hold (e.g. beside untrusted sessions).",
+    )
+    max_session_pinned_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Cap on one session's pinned blocks, fraction of the KV pool (the "
+        "smaller of this and max_pinned_fraction binds): a longer context keeps only its "
+        "first blocks pinned (its prefix).",
     )
     cold_start_samples: int = Field(
         100, ge=0, description="continuum: K, samples needed before a CDF is trusted."

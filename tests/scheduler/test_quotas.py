@@ -8,6 +8,7 @@ import statistics
 
 
 from tests.scheduler.harness import EOS_TOKEN_ID, FakeClock, audit, make_request, make_scheduler, tokens
+from vllm_continuum.config import ContinuumConfig
 
 POOL = 128
 STEP_S = 0.5
@@ -84,7 +85,7 @@ def run(model_dir, monkeypatch, flavour: str) -> dict:
 
 def test_hogging_sessions_stay_within_quotas(tiny_model_dir, monkeypatch, capsys):
     results = {f: run(tiny_model_dir, monkeypatch, f) for f in ("stock", "yield", "hold")}
-    cap = int(0.5 * (POOL - 1))
+    cap = int(ContinuumConfig().max_pinned_fraction * (POOL - 1))  # the default cap
     for flavour in ("yield", "hold"):
         r = results[flavour]
         assert 0 < r["pinned_peak"] <= cap

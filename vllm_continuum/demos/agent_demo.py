@@ -39,12 +39,10 @@ from vllm_continuum.tools.tiny_model import build_tiny_model
 __all__ = ["AgentDemoConfig", "format_report", "run_agent_demo"]
 
 # A fixed TTL shows the mechanism (see pause_demo.py: on a CPU with the tiny model
-# the cost model would rightly pin almost nothing). The pinned-block cap is
-# raised so that every concurrent session can hold its pin in the small pool.
+# the cost model would rightly pin almost nothing).
 DEMO_SETTINGS = {
     "ttl_policy": "fixed",
     "default_ttl_s": 30,
-    "max_pinned_fraction": 0.75,
 }
 SYSTEM = (
     "You are a travel agent. Use the tools to check the weather, do the arithmetic of the "

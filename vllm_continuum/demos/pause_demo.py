@@ -13,12 +13,10 @@ from vllm_continuum.tools.tiny_model import build_tiny_model
 
 # The demo shows the pin mechanism: a fixed TTL long enough for the pause,
 # which includes the other sessions' traffic (the continuum model would not pin
-# here: a tiny model on a CPU reloads 600 tokens in well under a second), and a
-# per-session quota that lets one session pin a third of this 64-block pool.
+# here: a tiny model on a CPU reloads 600 tokens in well under a second).
 DEMO_SETTINGS = {
     "ttl_policy": "fixed",
     "default_ttl_s": 30,
-    "max_session_pinned_fraction": 0.4,
 }
 
 

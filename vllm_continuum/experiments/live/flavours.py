@@ -30,6 +30,9 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     # what ships without its pins: the queue order and admission alone.
     "default": Flavour("default", "continuum", {}),
     "never": Flavour("never", "continuum", {"ttl_policy": "never"}),
+    # What shipped from issue 19 until the caps opened (sim/policies.py CAPPED).
+    "default-capped": Flavour("default-capped", "continuum",
+                              {"max_pinned_fraction": 0.5, "max_session_pinned_fraction": 0.25}),
     # The shipped TTL policy in the paper's queue order: what `sessionless_first`
     # costs the agents and buys the one-shot requests, live (docs/benchmarks.md).
     "continuum-program-fcfs": Flavour(
@@ -44,12 +47,11 @@ DEFAULT_MAX_MODEL_LEN = 4096
 # How long a benchmark server may take to start: about a minute on an idle
 # two-core machine, several when other jobs share the cores.
 START_TIMEOUT_S = 600
-# Every continuum server: one session may pin up to 40% of this small pool
-# (its whole context), pins up to half of it in all (the default); the TTL
-# model trusts tool CDFs after 20 samples (K; the default 100 is more tool
-# calls than a CPU run makes, which would leave it in cold start throughout).
+# Every continuum server: the TTL model trusts tool CDFs after 20 samples (K;
+# the default 100 is more tool calls than a CPU run makes, which would leave it
+# in cold start throughout). Runs before the caps opened also set
+# max_session_pinned_fraction 0.4 here (each run's results.json records these).
 COMMON_CONTINUUM_SETTINGS = {
-    "max_session_pinned_fraction": 0.4,
     "cold_start_samples": 20,
 }
 
