@@ -10,7 +10,7 @@ import yaml
 from tests.scheduler.test_sim import SMALL
 
 from vllm_continuum.experiments.sim.matrix import (
-    CellSpec, MatrixSpec, cell_summary, load_matrix, render_matrix, run_matrix, targets_table,
+    CellSpec, MatrixSpec, cell_summary, load_matrix, merge_rows, render_matrix, run_matrix, targets_table,
 )
 
 
@@ -64,6 +64,15 @@ def test_a_tiny_matrix_end_to_end(tmp_path):
     assert render_matrix(rows[0], tmp_path / "again", target_policy="continuum-pressure") == 0
     again = (tmp_path / "again" / "matrix.md").read_text()
     assert "### Targets for `continuum-pressure`" in again and "| cpu-agent heavy" in again
+
+
+def test_runs_merge_into_one_matrix_only_when_they_agree():
+    row = lambda label, jct, seed=0: {"cell": "c", "seed": seed, "label": label, "jct_mean_s": jct}
+    earlier = [row("stock", 10.0), row("default", 5.0)]
+    later = [row("stock", 10.0), row("new", 4.0), row("stock", 9.0, seed=1)]
+    assert merge_rows([earlier, later]) == [*earlier, row("new", 4.0), row("stock", 9.0, seed=1)]
+    with pytest.raises(SystemExit, match="not of the same code"):
+        merge_rows([earlier, [row("stock", 10.5)]])
 
 
 def test_targets_by_hand():

@@ -45,9 +45,9 @@ def _matrix(args: argparse.Namespace) -> int:
     from vllm_continuum.experiments.sim.matrix import load_matrix, run_matrix
 
     if args.from_json:
-        from vllm_continuum.experiments.sim.matrix import render_matrix
+        from vllm_continuum.experiments.sim.matrix import merge_rows, render_matrix
 
-        rows = json.loads(args.from_json.read_text())["rows"]
+        rows = merge_rows([json.loads(path.read_text())["rows"] for path in args.from_json])
         return render_matrix(rows, args.out, command=command_line(), target_policy=args.targets,
                              publish=args.publish)
     spec = load_matrix(args.config)
@@ -120,8 +120,9 @@ def register(subparsers) -> None:
     p.add_argument("--targets", metavar="POLICY",
                    help="print the issue's targets for this policy, cell by cell "
                         "(default: `default`, if it ran)")
-    p.add_argument("--from-json", type=Path, metavar="MATRIX_JSON",
-                   help="do not run: render the report of an earlier run's matrix.json into --out")
+    p.add_argument("--from-json", type=Path, nargs="+", metavar="MATRIX_JSON",
+                   help="do not run: render the report of earlier runs' matrix.json into --out "
+                        "(several: their rows merged, e.g. a policy run later beside the rest)")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes running (cell, seed) tasks side by side (results do not depend on it)")
     publish_arg(p)

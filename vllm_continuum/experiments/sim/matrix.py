@@ -25,7 +25,7 @@ also ask for a several-fold gain, makespan, and no program slower.
 The grid is `experiments/configs/matrix.yaml`; `--quick` runs its quick
 subset (one seed, one load per cell) for iteration. `--targets POLICY` adds
 the issue's targets checked for that policy, cell by cell; `--from-json`
-renders an earlier run's rows again.
+renders earlier runs' rows again, merged (a policy run later beside them).
 """
 
 from __future__ import annotations
@@ -283,6 +283,22 @@ def run_matrix(
     footer = [f"total wall time: {time.perf_counter() - started:.0f} s in {max(jobs, 1)} processes"]
     return render_matrix(rows, out_dir, quick=quick, command=command, footer=footer,
                          target_policy=target_policy, publish=publish)
+
+
+def merge_rows(runs: Sequence[list[dict]]) -> list[dict]:
+    """The rows of several runs' matrix.json as one matrix (a policy measured
+    later beside the ones published before): a (cell, seed, policy) row in
+    more than one must be the same row (the simulator is deterministic; a
+    difference means the code changed between the runs), and is kept once."""
+    merged: dict[tuple, dict] = {}
+    for rows in runs:
+        for row in rows:
+            key = (row["cell"], row["seed"], row["label"])
+            kept = merged.setdefault(key, row)
+            if kept["jct_mean_s"] != row["jct_mean_s"]:
+                raise SystemExit(f"{key}: mean JCT {kept['jct_mean_s']} in one run, {row['jct_mean_s']} "
+                                 "in another: these runs are not of the same code; run them again")
+    return list(merged.values())
 
 
 def render_matrix(
