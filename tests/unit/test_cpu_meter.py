@@ -33,7 +33,9 @@ def test_a_session_s_cpu_is_counted_and_the_client_s_apart():
     assert whole["wall_s"] >= 3 and whole["cores"] >= 1
 
 
-def test_cores_used_splits_the_engine_from_the_api_server():
-    cpu = {"wall_s": 10, "cores": 2, "client_s": 1, "server_s": {"VLLM::EngineCor": 12, "python": 3}}
-    assert cores_used(cpu) == "engine 1.20 + API server 0.30 + client 0.10 of 2"
+def test_cores_used_splits_vllm_s_processes_by_role():
+    cpu = {"wall_s": 10, "cores": 2, "client_s": 1,
+           "server_s": {"VLLM::Worker": 11, "VLLM::EngineCor": 2, "python3": 3}}
+    assert cores_used(cpu) == ("model worker 1.10 + engine core 0.20 + API server 0.30 + client 0.10"
+                               " of 2")
     assert cores_used(None) == "" and cores_used({"wall_s": 0}) == ""

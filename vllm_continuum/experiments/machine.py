@@ -57,9 +57,9 @@ def session_cpu_s(session: int) -> dict[str, float]:
 class CpuMeter:
     """Where the cores went over a measurement: CPU seconds of a server's
     processes (by name) and of this process (the client), and the wall time,
-    so a report can say how much of the machine the engine had. On a 2-core
-    machine the replay client and the API server take cores the engine's
-    kernels would use, which idle calibration probes do not show."""
+    so a report can say whether the engine had the machine to itself: on a
+    2-core machine the replay client and the API server share its cores,
+    and a prediction calibrated on idle probes would not know."""
 
     def __init__(self, server_session: int):
         self.session = server_session

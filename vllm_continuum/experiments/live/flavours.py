@@ -16,6 +16,10 @@ class Flavour:
     settings: dict = field(default_factory=dict)  # --additional-config's continuum
 
 
+# The pin caps that shipped until they opened (0.95 / 1.0): `default-capped`
+# here and in the simulator (sim/policies.py), and every label that ran before.
+CAPPED = {"max_pinned_fraction": 0.5, "max_session_pinned_fraction": 0.25}
+
 # The flavour every other is set against, round by round.
 STOCK = "stock"
 
@@ -30,9 +34,8 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     # what ships without its pins: the queue order and admission alone.
     "default": Flavour("default", "continuum", {}),
     "never": Flavour("never", "continuum", {"ttl_policy": "never"}),
-    # What shipped from issue 19 until the caps opened (sim/policies.py CAPPED).
-    "default-capped": Flavour("default-capped", "continuum",
-                              {"max_pinned_fraction": 0.5, "max_session_pinned_fraction": 0.25}),
+    # What shipped from issue 19 until the caps opened.
+    "default-capped": Flavour("default-capped", "continuum", CAPPED),
     # The shipped TTL policy in the paper's queue order: what `sessionless_first`
     # costs the agents and buys the one-shot requests, live (docs/benchmarks.md).
     "continuum-program-fcfs": Flavour(

@@ -108,17 +108,22 @@ def _turn_ttft_ratio(q: Pair) -> float:
     return statistics.median(ratios) if ratios else float("nan")
 
 
+# vLLM's processes by the names it gives them (setproctitle, cut to 15 characters
+# by the kernel); whatever else the server's session runs is its API server.
+ENGINE_PROCESSES = {"model worker": "VLLM::Worker", "engine core": "VLLM::EngineCor"}
+
+
 def cores_used(cpu: dict | None) -> str:
-    """'engine E + API server A + client C of N': the cores each used on average
-    over a replay (compare's CpuMeter record), or '' for a run recorded without."""
+    """'model worker W + engine core E + API server A + client C of N': the cores
+    each used on average over a replay (compare's CpuMeter record), or '' for a
+    run recorded without."""
     if not cpu or not cpu.get("wall_s"):
         return ""
-    server = cpu.get("server_s", {})
-    engine = sum(v for k, v in server.items() if "EngineCor" in k)
-    rest = sum(server.values()) - engine
-    wall = cpu["wall_s"]
-    return (f"engine {engine / wall:.2f} + API server {rest / wall:.2f} + client "
-            f"{cpu['client_s'] / wall:.2f} of {cpu['cores']}")
+    server = dict(cpu.get("server_s", {}))
+    parts = {role: sum(server.pop(k) for k in list(server) if k.startswith(prefix))
+             for role, prefix in ENGINE_PROCESSES.items()}
+    parts |= {"API server": sum(server.values()), "client": cpu["client_s"]}
+    return " + ".join(f"{role} {s / cpu['wall_s']:.2f}" for role, s in parts.items()) + f" of {cpu['cores']}"
 
 
 def diagnosis_table(pairs: Sequence[Pair]) -> str:
