@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vllm_continuum.core.pressure import pressure_variants
+from vllm_continuum.experiments.shipped_before import CAPPED
 
 
 @dataclass(frozen=True)
@@ -15,10 +16,6 @@ class Flavour:
     server: str  # "stock" or "continuum"
     settings: dict = field(default_factory=dict)  # --additional-config's continuum
 
-
-# The pin caps that shipped until they opened (0.95 / 1.0): `default-capped`
-# here and in the simulator (sim/policies.py), and every label that ran before.
-CAPPED = {"max_pinned_fraction": 0.5, "max_session_pinned_fraction": 0.25}
 
 # The flavour every other is set against, round by round.
 STOCK = "stock"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.pressure import pressure_variants
-from vllm_continuum.experiments.live.flavours import CAPPED as LIVE_CAPPED
+from vllm_continuum.experiments.shipped_before import CAPPED as CAPPED_SETTINGS
 from vllm_continuum.experiments.sim.cost_model import CostModel
 from vllm_continuum.experiments.sim.driver import SimClock, new_scheduler
 from vllm_continuum.experiments.sim.oracle import oracle_policy_factory
@@ -26,7 +26,7 @@ from vllm_continuum.tools.atomic_dir import replacing_dir
 
 # The caps every label below ran under before they opened (0.95 / 1.0): the
 # labels keep them, so that a published result keeps its meaning.
-CAPPED = {k.upper(): str(v) for k, v in LIVE_CAPPED.items()}
+CAPPED = {k.upper(): str(v) for k, v in CAPPED_SETTINGS.items()}
 OPEN_CAPS = {"MAX_PINNED_FRACTION": "0.95", "MAX_SESSION_PINNED_FRACTION": "1"}
 
 # The paper's settings besides the TTL policy: the baselines run with them

@@ -1,0 +1,9 @@
+"""Settings that shipped before and that labels still name, for the live
+benchmark (`compare` flavours) and the simulator (`sim` policies) alike: a
+published result keeps its meaning after the defaults change."""
+
+from __future__ import annotations
+
+# The pin caps from the start until they opened to 0.95 / 1.0 (docs/benchmarks.md,
+# "Opening the caps"): `default-capped`, and every simulator label that ran before.
+CAPPED = {"max_pinned_fraction": 0.5, "max_session_pinned_fraction": 0.25}
