@@ -87,8 +87,8 @@ def register(subparsers) -> None:
                    help="stock, never, default (what ships), continuum, fixed, forever, oracle, "
                         "oracle-hindsight, oracle-eq2, issue 12's candidates (sim/policies.py "
                         "CANDIDATES) and issue 19's (RELAXED: default-request, default-capped, "
-                        "forever-program, bound10-*, boundinf-*, *-open-caps); the continuum ones also as NAME-yield or "
-                        "NAME-hold (plain: the configured pressure policy)")
+                        "forever-program, bound10-*, boundinf-*, *-open-caps); the continuum ones "
+                        "also as NAME-yield or NAME-hold (plain: the configured pressure policy)")
     p.add_argument("--sweep", type=float, nargs="*",
                    help="also sweep these arrival rates (no values: 0.02 0.04 ... 0.13)")
     p.add_argument("--sweep-programs", type=int, help="programs per sweep point (default: --programs)")
