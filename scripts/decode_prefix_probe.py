@@ -14,34 +14,25 @@ from pathlib import Path
 
 import httpx
 
-from vllm_continuum.experiments.calibration import probes as P
 from vllm_continuum.experiments.calibration.bench_server import bench_server
+from vllm_continuum.experiments.calibration.probes import Prompts, decode_point, prefill_point
 
 BLOCK = 32
+CHUNK = 2048  # the server's max_num_batched_tokens
 POINTS = [(2, 2040), (4, 2040), (8, 1024), (16, 512), (4, 1024)]  # (streams, context): B x C fits the pool
 
 
-async def point(client, prompts, batch: int, context: int, tokens: int, distinct: bool) -> float:
-    n = context // BLOCK * BLOCK
-    prefixes = [prompts.fresh(n) for _ in range(batch)] if distinct else [prompts.fresh(n)] * batch
-    for prefix in dict.fromkeys(map(tuple, prefixes)):
-        await P._warm(client, "tiny", list(prefix))
-    body = {"model": "tiny", "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True}
-    results = await asyncio.gather(*(
-        P._stream(client, {**body, "prompt": prefix + prompts.fresh(P.DECODE_TAIL)}) for prefix in prefixes))
-    return P.steady_step_s([chunks for _, chunks, _ in results])[0]
-
-
 async def main(url: str) -> None:
-    prompts = P.Prompts(7)
+    prompts = Prompts(7)
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        await P._warm(client, "tiny", prompts.fresh(64))
+        await prefill_point(client, "tiny", prompts, 64, 0, BLOCK, CHUNK)  # warm-up
         for batch, context in POINTS:
             for _ in range(2):
-                for distinct in (False, True):
-                    s = await point(client, prompts, batch, context, 48, distinct)
-                    print(f"{batch} streams, context {context}, {'own' if distinct else 'shared'} "
-                          f"prefix: {s * 1000:.1f} ms per step", flush=True)
+                for own in (False, True):
+                    point = await decode_point(client, "tiny", prompts, batch, context, 48, BLOCK,
+                                               own_prefixes=own)
+                    print(f"{batch} streams, context {context}, {'own' if own else 'shared'} "
+                          f"prefix: {point.measured_s * 1000:.1f} ms per step", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,16 +31,13 @@ def machine() -> dict:
             "cpu_count": os.cpu_count()}
 
 
-def _ticks_per_s() -> float:
-    return float(os.sysconf("SC_CLK_TCK"))
-
-
 def session_cpu_s(session: int) -> dict[str, float]:
     """CPU seconds (user + system) used so far by each live process of a
     session, summed by process name: a server started in its own session
     (the API server, vLLM's engine core, their helpers). Linux only: empty
     elsewhere."""
     used: dict[str, float] = {}
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
@@ -50,7 +47,7 @@ def session_cpu_s(session: int) -> dict[str, float]:
         fields = text[text.rfind(")") + 2:].split()
         # after the name: state ppid pgrp session ... utime (11th) stime (12th)
         if int(fields[3]) == session:
-            used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _ticks_per_s()
+            used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks_per_s
     return used
 
 

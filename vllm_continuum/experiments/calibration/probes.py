@@ -180,26 +180,32 @@ def steady_step_s(streams: list[list[tuple[float, int]]]) -> tuple[float, dict]:
 
 
 async def decode_point(client: httpx.AsyncClient, model: str, prompts: Prompts, batch: int,
-                       context: int, tokens: int, block_size: int, guided: bool = False) -> Point:
+                       context: int, tokens: int, block_size: int, guided: bool = False,
+                       own_prefixes: bool = False) -> Point:
     """`guided`: the streams decode under a grammar (structured outputs, as a tool call
     is written without client hints): `tokens` digits, which the simulator does not
-    model; the point is a diagnostic, kind GUIDED, left out of the fit."""
-    prefix = prompts.fresh(context // block_size * block_size)
-    if prefix:
-        await _warm(client, model, prefix)
+    model; the point is a diagnostic, kind GUIDED, left out of the fit.
+    `own_prefixes`: each stream's context is its own cached prefix, as in a replay,
+    instead of one prefix they all share (B x context must then fit the pool;
+    scripts/decode_prefix_probe.py compares the two)."""
+    n = context // block_size * block_size
+    prefixes = [prompts.fresh(n) for _ in range(batch)] if own_prefixes else [prompts.fresh(n)] * batch
+    for prefix in prefixes if own_prefixes else prefixes[:1]:
+        if prefix:
+            await _warm(client, model, prefix)
     body = {"model": model, "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True}
     if guided:  # exactly `tokens` digits, then the grammar ends the stream
         body = {"model": model, "max_tokens": tokens,
                 "structured_outputs": {"regex": f"[0-9]{{{tokens}}}"}}
     results = await asyncio.gather(*(
         _stream(client, {**body, "prompt": prefix + prompts.fresh(DECODE_TAIL)})
-        for _ in range(batch)))
+        for prefix in prefixes))
     streams = [chunks for _, chunks, _ in results]
     if any(len(chunks) < 2 for chunks in streams):
         raise RuntimeError(f"a decode stream of {tokens} tokens sent under 2 chunks")
     step, detail = steady_step_s(streams)
     # The window's mean position: contexts grow by one token a step.
-    mid = len(prefix) + DECODE_TAIL + round(tokens - detail["tokens_per_stream"] / 2)
+    mid = n + DECODE_TAIL + round(tokens - detail["tokens_per_stream"] / 2)
     decoding = detail["batch_decoding"]  # the step held this many decodes (B, unless staggered)
     return Point(GUIDED if guided else "decode", {"batch": batch, "context": context},
                  [[(1, mid)] * decoding], step, False, {**detail, "context_mid": mid})
