@@ -56,3 +56,23 @@ def test_calibrate_writes_a_cost_model_the_simulator_runs(live_servers, tmp_path
                    Program("b", 0.2, (Turn(300, 8),))])
     run, _ = simulate(trace, cost, "stock", None, progress=False)
     assert len(run.programs) == 2 and all(p.jct_s > 0 for p in run.programs)
+
+
+@pytest.mark.engine
+def test_the_speed_probe_measures_what_it_says(live_servers):
+    """compare's probe beside each replay (calibration/speed_probe.py): its points are
+    calibrate's, the resumed prefill finds its prefix, the decode streams run side by
+    side, and a cost model reads them into one finite factor."""
+    from vllm_continuum.experiments.calibration.speed_probe import PROBES, REPEATS, probe_speed, speed_factor
+    from vllm_continuum.experiments.sim.cost_model import load_cost_model
+
+    records = probe_speed(live_servers["stock"].base_url, seed=0)
+    assert [(r["kind"], r["params"]) for r in records[:len(PROBES)]] == [
+        ("prefill", {"n": 512, "cached": 0}), ("prefill", {"n": 256, "cached": 1024}),
+        ("decode", {"batch": 4, "context": 512})]
+    assert len(records) == len(PROBES) * REPEATS and all(r["measured_s"] > 0 for r in records)
+    resumed = [r for r in records if r["kind"] == "prefill" and r["params"]["cached"]]
+    assert all(r["detail"]["cache_hit_tokens"] == 1024 for r in resumed)
+    assert all(r["detail"]["batch_decoding"] == 4 for r in records if r["kind"] == "decode")
+    factor = speed_factor(records, load_cost_model("cpu-bench-2l-quiet"))
+    assert math.isfinite(factor) and factor > 0

@@ -7,11 +7,14 @@ and the overhead's shift lose nothing (prediction/, live/sent_trace.py)."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import yaml
 
-from vllm_continuum.experiments.live.rounds import save_round
+from vllm_continuum.experiments.calibration.speed_probe import scaled, speed_factor
+from vllm_continuum.experiments.live.rounds import load_rounds, save_round
 from vllm_continuum.experiments.prediction.command import run_predict
 from vllm_continuum.experiments.prediction.overhead import as_client_saw, engine_trace
 from vllm_continuum.experiments.report import summarize, write_runs
@@ -20,27 +23,31 @@ from vllm_continuum.experiments.sim.cost_model import CostModel, Linear
 from vllm_continuum.experiments.sim.policies import sim_config
 from vllm_continuum.experiments.sim.run import simulate
 from vllm_continuum.experiments.workload_spec import load_spec
+from tests.unit.test_speed_probe import probe_records
 
 COST = CostModel(name="truth", kind="linear", block_size=32, num_gpu_blocks=96, max_num_seqs=64,
                  max_num_batched_tokens=1024, max_model_len=4096, api_overhead_s=0.05,
                  linear=Linear(step_s=0.01, per_token_s=2e-4, per_pair_s=2e-8, per_seq_s=1e-3))
 
 
-def test_predict_gives_back_a_run_the_simulator_made(tmp_path):
+def _measured_run(tmp_path, machine: CostModel = COST, probe: bool = False) -> tuple[Path, list[RunResult]]:
+    """A compare-like run directory whose "measurements" the simulator made on `machine`,
+    with the speed probe's records of that machine against COST when `probe`."""
     trace = load_spec("cpu-mixed").with_overrides(num_programs=6, arrival_rate=1.0, seed=1).generate()
-    cost_path = tmp_path / "truth.yaml"
-    cost_path.write_text(yaml.safe_dump(COST.model_dump()))
     run_dir = tmp_path / "run"
     profile = tmp_path / "profile.yaml"
-    COST.prefill_profile().save(profile)
+    machine.prefill_profile().save(profile)
     measured: list[RunResult] = []
     for rnd, policy, label in [(1, "stock", "stock"), (1, "forever-sessionless-first", "forever"),
                                (2, "forever-sessionless-first", "forever"), (2, "stock", "stock")]:
-        run, sim = simulate(engine_trace(trace, COST.api_overhead_s), COST, policy, profile,
+        run, sim = simulate(engine_trace(trace, machine.api_overhead_s), machine, policy, profile,
                             progress=False)
-        run = as_client_saw(run, COST.api_overhead_s)
+        run = as_client_saw(run, machine.api_overhead_s)
         run.label = label
         run.meta = {"round": rnd, "flavour": label}
+        if probe:
+            factor = speed_factor(probe_records(machine, 1.0), COST)
+            run.meta["speed_probe"] = {w: probe_records(COST, factor) for w in ("before", "after")}
         if policy != "stock":
             run.meta["continuum_config"] = sim_config(sim.settings).model_dump(mode="json")
             run.meta["continuum_settings"] = {"ttl_policy": "forever"}
@@ -48,10 +55,22 @@ def test_predict_gives_back_a_run_the_simulator_made(tmp_path):
         measured.append(run)
     write_runs(measured, run_dir, extra={"setup": {"workload": "cpu-mixed", "hints": "all",
                                                    "num_blocks": 96, "block_size": 32, "max_model_len": 4096}})
+    return run_dir, measured
+
+
+def _predicted(run_dir: Path) -> dict:
+    data = json.loads((run_dir / "predict" / "results.json").read_text())
+    return {(r["meta"]["round"], s["label"]): s for r, s in zip(data["runs"], data["summaries"])}
+
+
+def test_predict_gives_back_a_run_the_simulator_made(tmp_path):
+    cost_path = tmp_path / "truth.yaml"
+    cost_path.write_text(yaml.safe_dump(COST.model_dump()))
+    run_dir, measured = _measured_run(tmp_path)
+    trace = load_rounds(run_dir)[0].sent
     assert run_predict(run_dir, str(cost_path), command="vllm-continuum predict (test)") == 0
     report = (run_dir / "predict" / "report.md").read_text()
-    data = json.loads((run_dir / "predict" / "results.json").read_text())
-    predicted = {(r["meta"]["round"], s["label"]): s for r, s in zip(data["runs"], data["summaries"])}
+    predicted = _predicted(run_dir)
     assert len(predicted) == 4
     for run in measured:
         m, p = summarize(run), predicted[(run.meta["round"], run.label)]
@@ -68,3 +87,20 @@ def test_predict_gives_back_a_run_the_simulator_made(tmp_path):
     assert len(rows) == 4 * sum(len(p.turns) for p in trace)
     # (the sent trace keeps times to the microsecond)
     assert all(float(r["ttft_meas_s"]) == pytest.approx(float(r["ttft_pred_s"]), abs=1e-5) for r in rows)
+
+
+def test_predict_at_the_speed_probed_beside_each_replay(tmp_path):
+    """The "machine" ran 1.3x slower than the cost model: predicted as calibrated,
+    every mean JCT comes out fast; at the speed the probe measured, exact."""
+    cost_path = tmp_path / "truth.yaml"
+    cost_path.write_text(yaml.safe_dump(COST.model_dump()))
+    run_dir, measured = _measured_run(tmp_path, machine=scaled(COST, 1.3), probe=True)
+    assert run_predict(run_dir, str(cost_path), command="vllm-continuum predict (test)") == 0
+    predicted = _predicted(run_dir)
+    for run in measured:
+        m, p = summarize(run), predicted[(run.meta["round"], run.label)]
+        assert p["jct_mean_s"] == pytest.approx(m["jct_mean_s"], rel=1e-6), m["label"]
+    report = (run_dir / "predict" / "report.md").read_text()
+    assert "speed probe meas / model: before" in report and "| 1 | stock | 1.30x | 1.30x | 1.30x |" in report
+    assert re.search(r"stock: mean-JCT error by round [-+]0\.0% to [-+]0\.0% \(within 15% in 2 of 2 "
+                     r"rounds\); on the cost model as calibrated, not scaled by the speed probe, -", report)

@@ -8,6 +8,8 @@ and fitted into a simulator cost model (docs/calibration.md).
     fit.py           the linear step model fitted to them, with its error
     fit_report.py    what the command prints: every point beside the fit, the noise
     command.py       the command: measure, fit, write the YAML with its provenance
+    speed_probe.py   a few of the probes around each `compare` replay: how much slower
+                     than its cost model the machine ran then (`predict` scales by it)
     bench_server.py  `--bench-server`: the CPU benchmark's server, started for it
     sizing.py        `vllm-continuum sizing`: a workload's re-prefill against decode, and
                      pool against contexts, on a calibrated cost model

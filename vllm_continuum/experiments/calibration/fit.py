@@ -43,6 +43,11 @@ def features(point: Point) -> dict[str, float]:
             "per_seq_s": total.decodes, "api_overhead_s": float(point.overhead)}
 
 
+def time_of(point: Point, coefficients: dict[str, float]) -> float:
+    """The point's time under the constants of TERMS (a fit's, or a cost model's)."""
+    return sum(value * coefficients[term] for term, value in features(point).items())
+
+
 @dataclass
 class Fit:
     coefficients: dict[str, float]
@@ -57,7 +62,7 @@ class Fit:
         return self.coefficients["api_overhead_s"]
 
     def predicted(self, point: Point) -> float:
-        return sum(value * self.coefficients[term] for term, value in features(point).items())
+        return time_of(point, self.coefficients)
 
     def relative_error(self, point: Point) -> float:
         """predicted / measured - 1."""

@@ -14,7 +14,9 @@ the agents' figures. `--hints none` replays without any continuum hint
 flavour's (flavours.py). Each round's replays are recorded with the trace
 they sent (rounds.py), for `vllm-continuum predict`; the report gives each
 round against its own stock (means, makespan, outcomes program by program)
-and how far stock itself moved between rounds.
+and how far stock itself moved between rounds. Right before and after each
+replay, a few seconds of calibrate's probes measure the machine's speed
+(calibration/speed_probe.py), which predict reads against its cost model.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from vllm_continuum.experiments.calibration.speed_probe import probe_speed
 from vllm_continuum.experiments.live.flavours import (
     COMMON_CONTINUUM_SETTINGS,
     DEFAULT_LAYERS,
@@ -198,6 +201,9 @@ def run_compare(
         with server:
             if not profile_path.exists():
                 setup["prefill_profile"] = _profile_prefill(server.base_url, profile_path, profile_lengths)
+            # The machine's speed right before and right after the replay
+            # (calibration/speed_probe.py), which predict scales its cost model by.
+            speed = {"before": probe_speed(server.base_url, seed=round_no)}
             load_before = load_average()
             cpu = CpuMeter(server.process.pid)  # its own session: sid == pid
             run = replay(server.base_url, trace, label=name, time_scale=time_scale,
@@ -207,6 +213,8 @@ def run_compare(
             # other engineers' jobs share these cores, and predict shows it per replay.
             run.meta.update({"round": round_no + 1, "flavour": name,
                              "load_average": [load_before, load_average()], "cpu": cpu.read()})
+            speed["after"] = probe_speed(server.base_url, seed=1000 + round_no)
+            run.meta["speed_probe"] = speed
             if flavour.server == "continuum":
                 # What this server ran with, defaults included: a later `predict` gives
                 # the simulator exactly this, whatever the defaults have become.

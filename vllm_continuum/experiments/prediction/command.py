@@ -6,9 +6,12 @@ sent trace) the simulator runs the same trace on the calibrated cost model,
 with the scheduler and settings that server had (settings.py) and the API
 overhead added (overhead.py). The cost model's pool and context window are
 set to the run's (`compare --num-blocks`, block size, `--max-model-len`),
-since those are what ran; the report says so when they differed. The report
-(tables.py) goes to RUN_DIR/predict/ (`--out`), with every turn measured
-beside predicted in turns.csv (turns.py), and to docs/results with `--publish`.
+since those are what ran; the report says so when they differed. Where
+compare probed the machine's speed beside a replay, that replay is predicted
+on the cost model scaled by it (calibration/speed_probe.py), and also as
+calibrated, for comparison. The report (tables.py) goes to RUN_DIR/predict/
+(`--out`), with every turn measured beside predicted in turns.csv
+(turns.py), and to docs/results with `--publish`.
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vllm_continuum.experiments.calibration.speed_probe import replay_speed, scaled
 from vllm_continuum.experiments.live.rounds import RoundRecord, load_rounds
 from vllm_continuum.experiments.prediction.overhead import as_client_saw, engine_trace
 from vllm_continuum.experiments.prediction.settings import describe, sim_policy
-from vllm_continuum.experiments.prediction.tables import Pair, diagnosis_table, outcome_table, summary_lines
+from vllm_continuum.experiments.prediction.tables import (
+    Pair, diagnosis_table, outcome_table, speed_table, summary_lines)
 from vllm_continuum.experiments.prediction.turns import write_turns
 from vllm_continuum.experiments.publish import emit_report
 from vllm_continuum.experiments.report import write_runs
+from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.sim.cost_model import CostModel, load_cost_model
 
 # compare's setup key -> the cost model's field
@@ -64,21 +70,36 @@ def _run_setup(run_dir: Path) -> tuple[dict, list[RoundRecord]]:
 def simulate_replays(records: list[RoundRecord], cost: CostModel, run_dir: Path,
                      out_dir: Path) -> tuple[list[Pair], list[str]]:
     """Each replay simulated on its sent trace, paired with what it measured; the notes
-    on how each simulated server differs from the live one."""
+    on how each simulated server differs from the live one. A replay with a speed
+    probe (compare's, calibration/speed_probe.py) is simulated twice: on the cost
+    model as calibrated, and scaled by the machine's speed measured beside it,
+    which is the prediction the tables give."""
     from vllm_continuum.experiments.sim.run import prepare_profile, simulate
 
     fallback_profile = prepare_profile(cost, out_dir)
     pairs: list[Pair] = []
     notes: list[str] = []
-    for rec in tqdm(records, desc="predict", unit="replay"):
-        policy, settings, why = sim_policy(rec.run, run_dir)
-        sim, _ = simulate(engine_trace(rec.sent, cost.api_overhead_s), cost, policy, fallback_profile,
+
+    def run_on(model: CostModel, rec: RoundRecord, policy: str, settings: dict) -> RunResult:
+        sim, _ = simulate(engine_trace(rec.sent, model.api_overhead_s), model, policy, fallback_profile,
                           extra_settings=settings, progress=False)
         sim.label = rec.label
         sim.meta["round"] = rec.round
-        pairs.append(Pair(rec.round, rec.label, describe(policy, settings), rec.run,
-                          as_client_saw(sim, cost.api_overhead_s)))
+        return as_client_saw(sim, model.api_overhead_s)
+
+    for rec in tqdm(records, desc="predict", unit="replay"):
+        policy, settings, why = sim_policy(rec.run, run_dir)
+        speed = replay_speed(rec.run.meta, cost)
+        as_calibrated = run_on(cost, rec, policy, settings)
+        predicted = run_on(scaled(cost, speed["applied"]), rec, policy, settings) if speed else as_calibrated
+        if speed:
+            predicted.meta["speed"] = speed
+        pairs.append(Pair(rec.round, rec.label, describe(policy, settings), rec.run, predicted,
+                          as_calibrated if speed else None))
         notes += why
+        if speed is None:
+            notes.append(f"round {rec.round} {rec.label}: no speed probe recorded (or the cost model "
+                         "is not linear): predicted on the cost model as calibrated")
     return pairs, notes
 
 
@@ -101,7 +122,10 @@ def run_predict(run_dir: Path, cost_model: str, *, out_dir: Path | None = None,
         f"{cost.block_size}; API overhead added per request: {overhead * 1000:.0f} ms"
         + ("" if overhead else " (the cost model has none: not calibrated by `calibrate`)")
         + _calibrated_load(cost),
-        "", outcome_table(pairs), "", "Where they differ:", "", diagnosis_table(pairs), "",
+        "", outcome_table(pairs), "",
+        *(["The machine's speed beside each replay (compare's speed probe), and what it changes:", "",
+           speeds, ""] if (speeds := speed_table(pairs)) else []),
+        "Where they differ:", "", diagnosis_table(pairs), "",
         *summary_lines(pairs),
     ]
     if notes:

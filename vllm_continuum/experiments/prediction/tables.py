@@ -3,12 +3,14 @@
 The first table is what the issue asks the simulator to predict: mean JCT,
 makespan, reuse of the previous prompt, one-shot p99 TTFT, and the stock /
 flavour JCT ratio of the round, each with its error (predicted / measured -
-1). The second is where to look when they differ: TTFT of first and of
+1), predicted at the machine's speed measured beside each replay where
+compare probed it (speed_table: that speed, and the prediction on the cost
+model as calibrated beside it). The next is where to look when they differ: TTFT of first and of
 resumed turns (queueing and prefill), decode time per output token (the
 decode step; tool turns apart, since without hints they decode under a
 grammar the simulator does not model), tokens prefilled (what the cache
 kept), and the median per-turn TTFT ratio. Then per flavour over the rounds:
-the JCT error's range, whether the predicted ratio to stock is on the
+the JCT error's range (both ways, where probed), whether the predicted ratio to stock is on the
 measured side of 1, and how far stock itself moved between rounds (measured
 and predicted), the noise any error must be read against.
 """
@@ -37,10 +39,12 @@ class Pair:
     label: str  # the live flavour
     policy: str  # the simulated scheduler, in words (settings.describe)
     measured: RunResult
-    predicted: RunResult
+    predicted: RunResult  # at the speed measured beside the replay, where it was
+    as_calibrated: RunResult | None = None  # on the cost model unscaled, when that differs
 
     def __post_init__(self) -> None:
         self.m, self.p = summarize(self.measured), summarize(self.predicted)
+        self.c = summarize(self.as_calibrated) if self.as_calibrated else None
 
 
 def by_turn(run: RunResult) -> dict[tuple[str, int], TurnRecord]:
@@ -61,9 +65,10 @@ def _stock(pairs: Sequence[Pair], rnd: int) -> Pair | None:
     return next((q for q in pairs if q.round == rnd and q.label == STOCK), None)
 
 
-def _beside(q: Pair, key: str, fmt: str) -> list[str]:
-    """Measured, predicted and the error of one figure."""
-    return [_f(q.m[key], fmt), _f(q.p[key], fmt), _f(_err(q.p[key], q.m[key]), "{:+.1%}")]
+def _beside(q: Pair, key: str, fmt: str, predicted: dict | None = None) -> list[str]:
+    """Measured, predicted (the pair's prediction, or `predicted`) and the error of one figure."""
+    p = q.p if predicted is None else predicted
+    return [_f(q.m[key], fmt), _f(p[key], fmt), _f(_err(p[key], q.m[key]), "{:+.1%}")]
 
 
 def outcome_table(pairs: Sequence[Pair]) -> str:
@@ -83,6 +88,20 @@ def outcome_table(pairs: Sequence[Pair]) -> str:
             cells += _beside(q, "one_shot_ttft_p99_s", "{:.3f}")
         rows.append(cells)
     return table(head, rows)
+
+
+def speed_table(pairs: Sequence[Pair]) -> str:
+    """Per replay: the machine's speed against the cost model, measured right before
+    and after it (measured / modelled time of the probe's points), and the mean JCT
+    predicted on the cost model as calibrated beside the prediction at that speed."""
+    head = ["round", "flavour", "speed probe meas / model: before", "after", "applied",
+            "mean JCT s meas", "pred as calibrated", "error", "pred at the probe's speed", "error"]
+    rows = [[str(q.round), q.label, *(_f(q.predicted.meta["speed"][k], "{:.2f}x")
+                                      for k in ("before", "after", "applied")),
+             _f(q.m["jct_mean_s"], "{:.2f}"), *_beside(q, "jct_mean_s", "{:.2f}", q.c)[1:],
+             *_beside(q, "jct_mean_s", "{:.2f}")[1:]]
+            for q in pairs if q.c is not None]
+    return table(head, rows) if rows else ""
 
 
 def _decode_s_per_token(run: RunResult, tool_turns: bool) -> float:
@@ -152,16 +171,26 @@ def _side(x: float) -> int:
     return 0 if abs(x - 1) < 1e-9 else (1 if x > 1 else -1)
 
 
+def _jct_errors(pairs: Sequence[Pair], prediction: str) -> list[float]:
+    """The mean-JCT errors of the pairs' predictions `p` (the report's) or `c` (as calibrated)."""
+    found = [_err(pred["jct_mean_s"], q.m["jct_mean_s"]) for q in pairs
+             if (pred := getattr(q, prediction)) is not None]
+    return [e for e in found if math.isfinite(e)]
+
+
 def _flavour_line(pairs: Sequence[Pair], label: str) -> str:
     """A flavour over the rounds: its JCT error's range against TARGET and, beside
     stock, whether the predicted ratio falls on the measured side of 1."""
     mine = [q for q in pairs if q.label == label]
-    errs = [e for q in mine if math.isfinite(e := _err(q.p["jct_mean_s"], q.m["jct_mean_s"]))]
+    errs = _jct_errors(mine, "p")
     if not errs:
         return f"{label}: no round with a mean JCT both measured and predicted"
     within = sum(abs(e) <= TARGET for e in errs)
     line = (f"{label}: mean-JCT error by round {min(errs):+.1%} to {max(errs):+.1%} "
             f"(within {TARGET:.0%} in {within} of {len(errs)} rounds)")
+    if calibrated := _jct_errors(mine, "c"):
+        line += (f"; on the cost model as calibrated, not scaled by the speed probe, {min(calibrated):+.1%} "
+                 f"to {max(calibrated):+.1%} (within {TARGET:.0%} in {sum(abs(e) <= TARGET for e in calibrated)})")
     bases = [(_stock(pairs, q.round), q) for q in mine if label != STOCK]
     ratios = [(b.m["jct_mean_s"] / q.m["jct_mean_s"], b.p["jct_mean_s"] / q.p["jct_mean_s"])
               for b, q in bases if b is not None]

@@ -1,0 +1,100 @@
+"""How fast the machine is right now, against a cost model: a short probe
+around each live replay.
+
+A cost model is calibrated once; the shared machine's speed then drifts with
+other people's jobs, by as much as 20% in a few hours, which is as large as
+the error `predict` had to explain. So `compare` runs a few of calibrate's
+probes (probes.py) on the freshly started server right before each replay,
+and again right after it: a cold prefill, a prefill on a cached prefix (a
+resumed turn), and a decode of a few streams, each repeated. The points are
+recorded with the replay (`run.meta["speed_probe"]`); they take a few
+seconds, their blocks stay cached (evictable) as the prefill profile's do,
+and they carry no session, so no pin or TTL model learns from them.
+
+`predict` reads them against its cost model: the machine's speed factor is
+the geometric mean, over the points, of measured / the cost model's time
+(each point's repeats by their median, as calibrate combines them), before
+and after the replay together. The cost model's step times and API overhead
+scaled by it are what that replay ran on. The factor is measured beside the
+replay, never fitted to its outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+
+import httpx
+
+from vllm_continuum.experiments.calibration.fit import combine_repeats, time_of
+from vllm_continuum.experiments.calibration.probes import Point, Prompts, decode_point, prefill_point
+from vllm_continuum.experiments.sim.cost_model import CostModel
+
+# (kind, args) as calibrate's grid (grid.py): prefill (new, cached), decode (batch, context).
+PROBES = (("prefill", (512, 0)), ("prefill", (256, 1024)), ("decode", (4, 512)))
+REPEATS = 3
+DECODE_TOKENS = 24
+WHEN = ("before", "after")  # the replay's probes, as run.meta["speed_probe"] keys them
+
+
+async def _measure(base_url: str, model: str, block_size: int, chunk: int, seed: int) -> list[Point]:
+    prompts = Prompts(seed)
+    points = []
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=300) as client:
+        await prefill_point(client, model, prompts, 16, 0, block_size, chunk)  # warm-up, not kept
+        for _ in range(REPEATS):
+            for kind, args in PROBES:
+                if kind == "prefill":
+                    points.append(await prefill_point(client, model, prompts, *args, block_size, chunk))
+                else:
+                    points.append(await decode_point(client, model, prompts, *args, DECODE_TOKENS,
+                                                     block_size))
+    return points
+
+
+def probe_speed(base_url: str, *, seed: int) -> list[dict]:
+    """The probe's points on the server at base_url, as JSON (Point.to_json)."""
+    from vllm_continuum.experiments.calibration.server import read_shape
+
+    shape = read_shape(base_url, {})
+    points = asyncio.run(_measure(base_url, shape.model, shape.block_size,
+                                  shape.max_num_batched_tokens, seed))
+    return [p.to_json() for p in points]
+
+
+def coefficients(cost: CostModel) -> dict[str, float]:
+    """A linear cost model's constants, by calibrate's TERMS."""
+    return {**cost.linear.model_dump(), "api_overhead_s": cost.api_overhead_s}
+
+
+def modelled_s(cost: CostModel, point: Point) -> float:
+    """The point's time under the cost model (calibrate's fit, read the other way)."""
+    return time_of(point, coefficients(cost))
+
+
+def speed_factor(records: list[dict], cost: CostModel) -> float:
+    """Geometric mean over the probe's points of measured / modelled: above 1, the
+    machine ran slower than when the cost model was calibrated."""
+    points = combine_repeats([Point.from_json(r) for r in records])
+    ratios = [p.measured_s / m for p in points if (m := modelled_s(cost, p)) > 0 and p.measured_s > 0]
+    if not ratios:
+        raise ValueError("no speed-probe point to read")
+    return statistics.geometric_mean(ratios)
+
+
+def replay_speed(meta: dict, cost: CostModel) -> dict[str, float] | None:
+    """A replay's speed factors (before, after, and both together: the one applied),
+    or None for a replay recorded without a probe or a cost model that is not linear."""
+    probe = meta.get("speed_probe") or {}
+    if cost.kind != "linear" or not all(probe.get(w) for w in WHEN):
+        return None
+    out = {w: speed_factor(probe[w], cost) for w in WHEN}
+    out["applied"] = math.sqrt(out["before"] * out["after"])
+    return out
+
+
+def scaled(cost: CostModel, factor: float) -> CostModel:
+    """The cost model on a machine `factor` times slower (every constant scaled)."""
+    linear = cost.linear.model_copy(update={k: v * factor for k, v in cost.linear.model_dump().items()})
+    return cost.model_copy(update={"linear": linear, "api_overhead_s": cost.api_overhead_s * factor})
