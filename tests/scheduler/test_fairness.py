@@ -278,8 +278,8 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
 
     stranger = make_request(tokens(777, 80), session="A", max_tokens=4)
     d.add(stranger, answer_script())
-    assert s.continuum.lane_of(stranger) != s.continuum.lane_of(next_turn(t1))
-    assert s.continuum.queue_key(stranger)[1] == stranger.arrival_time  # not the program's arrival
+    assert s.continuum.queue.lane_of(stranger) != s.continuum.queue.lane_of(next_turn(t1))
+    assert s.continuum.queue.queue_key(stranger)[1] == stranger.arrival_time  # not the program's arrival
     admitted_hit(d, stranger)
     drain(d)
     assert s.continuum.pins.holds(pin)
@@ -328,7 +328,7 @@ def test_a_flood_of_session_ids_cannot_make_a_stranger_the_session(build, monkey
     d.run_until_finished(guess)
     assert s.continuum.pins.holds(pin) and len(s.continuum.workload.programs) == 0
     t2 = d.add(next_turn(t1), answer_script())
-    assert s.continuum.queue_key(t2)[1] == t1.arrival_time  # the program's place
+    assert s.continuum.queue.queue_key(t2)[1] == t1.arrival_time  # the program's place
     assert admitted_hit(d, t2) >= (t1.num_prompt_tokens // BLOCK_SIZE - 1) * BLOCK_SIZE
     assert s.continuum.stats.releases_by_reason == {"resumed": 1}
     drain(d)

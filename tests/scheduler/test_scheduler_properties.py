@@ -143,7 +143,7 @@ def scheduler_machine(
 
         def _may_release(self, request) -> bool:
             """When the pressure policy lets an allocation take blocks from pins."""
-            return (pressure_policy == "yield" or not self.s.running or (request.status == RequestStatus.WAITING and self.s.continuum.overdue(request))
+            return (pressure_policy == "yield" or not self.s.running or (request.status == RequestStatus.WAITING and self.s.continuum.queue.overdue(request))
                     or request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED))
 
         def _watch_pressure(self):
@@ -211,7 +211,7 @@ def scheduler_machine(
                 # (Blocks behind vLLM's deferred-free fence come back at the next
                 # processed step, on stock vLLM too: then the head may wait.)
                 nothing_runs = not self.s.running and not self.s.deferred_frees
-                overdue = {r.request_id for r in self.s.waiting if r.status == RequestStatus.WAITING and self.s.continuum.overdue(r)}
+                overdue = {r.request_id for r in self.s.waiting if r.status == RequestStatus.WAITING and self.s.continuum.queue.overdue(r)}
                 seen["steps with an overdue request"] += bool(overdue)
                 seen["steps with deferred frees"] += bool(self.s.deferred_frees)
                 seen["young pins"] += len(self.s.continuum.pins) - len(self._candidate_pins())

@@ -118,9 +118,9 @@ def test_the_next_turn_gets_the_pinned_lane_and_takes_the_pin_over_on_admission(
     stranger = Req("s1", "A", [5, 6], arrival_time=1.0)  # same id, another prefix
     c.on_arrival(nxt, None)
     c.on_arrival(stranger, None)
-    assert (c.lane_of(nxt), c.lane_of(stranger)) == (PINNED, REGULAR)
-    assert c.queue_key(nxt)[1] == 0.0  # the program's first arrival
-    assert c.queue_key(stranger)[1] == 1.0  # its own: it inherits nothing
+    assert (c.queue.lane_of(nxt), c.queue.lane_of(stranger)) == (PINNED, REGULAR)
+    assert c.queue.queue_key(nxt)[1] == 0.0  # the program's first arrival
+    assert c.queue.queue_key(stranger)[1] == 1.0  # its own: it inherits nothing
     ledger.take_back([1, 2, 3, 4])  # vLLM allocates the turn, hitting the pinned blocks
     c.after_step([(nxt, 12)], oldest_waiting=None)
     assert not c.pins and c.stats.releases_by_reason == {"resumed": 1}
@@ -157,13 +157,13 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
         c.sessions.end_program("A")
     stranger = Req("s1", "A", [5, 6], arrival_time=3.0)
     c.on_arrival(stranger, {"continuum_last_turn": True})
-    assert c.lane_of(stranger) == REGULAR and c.queue_key(stranger)[1] == 3.0
+    assert c.queue.lane_of(stranger) == REGULAR and c.queue.queue_key(stranger)[1] == 3.0
     c.on_finished(stranger, aborted=False, tool_called=lambda: None)
     assert c.pins.get("A") is not None and not c.workload.programs, "a stranger ended it"
     clock.now = 4.0
     nxt = Req("a2", "A", [1, 2, 3, 4], arrival_time=4.0)
     c.on_arrival(nxt, None)
-    assert c.lane_of(nxt) == PINNED and c.queue_key(nxt)[1] == 1.0  # the program's place
+    assert c.queue.lane_of(nxt) == PINNED and c.queue.queue_key(nxt)[1] == 1.0  # the program's place
     assert c.workload.durations.of("search").sorted == [3.0]  # turn end 1 s, arrival 4 s
     c.after_step([(nxt, 12)], oldest_waiting=None)
     assert c.stats.releases_by_reason == {"resumed": 1}
@@ -260,8 +260,8 @@ def test_under_program_admission_only_one_shots_have_the_waiting_bound(admission
     c.on_arrival(later, None)
     c.after_step([(later, 0)], oldest_waiting=1.0)  # a later arrival went ahead of both
     clock.now = 4.0
-    assert c.overdue(one_shot)
-    assert c.overdue(program) is (admission == "request")
+    assert c.queue.overdue(one_shot)
+    assert c.queue.overdue(program) is (admission == "request")
 
     def allocate(req):
         return c.retry_with_pins_released(
@@ -281,7 +281,7 @@ def test_an_endless_program_loses_its_precedence():
     c.on_arrival(new, None)
     turn = Req("a2", "A", [1, 2, 3, 4], arrival_time=150.5)
     c.on_arrival(turn, None)
-    assert c.queue_key(turn)[1] == 150.5 > c.queue_key(new)[1]  # behind the newcomer
+    assert c.queue.queue_key(turn)[1] == 150.5 > c.queue.queue_key(new)[1]  # behind the newcomer
     assert c.retry_with_pins_released(
         new, lambda: "blocks", shortfall=3, keep=frozenset(), running=False,
         preempted=False, waiting=True, anything_running=True) == "blocks"

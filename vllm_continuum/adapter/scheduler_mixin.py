@@ -115,7 +115,7 @@ class ContinuumSchedulerMixin:
         self._lane_changes: set[str] = set()
         assert not self.waiting, "the waiting queue is replaced before any request"
         if cfg.queue_order != "fcfs":
-            self.waiting = self.continuum.lane_queue(ContinuumWaitingQueue)
+            self.waiting = self.continuum.queue.lane_queue(ContinuumWaitingQueue)
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins
         logger.info(
@@ -244,7 +244,7 @@ class ContinuumSchedulerMixin:
     def _oldest_waiting(self) -> float | None:
         if isinstance(self.waiting, LaneQueue):
             return self.waiting.oldest_enqueued_at()
-        return min(map(self.continuum.enqueued_at, self.waiting), default=None)
+        return min(map(self.continuum.queue.enqueued_at, self.waiting), default=None)
 
     def _waiting_of(self, session: str):
         """Queued requests that may belong to `session` (all of them with vLLM's queue)."""

@@ -6,8 +6,8 @@ requests as vLLM gives them (only the attributes of `TurnRequest` are read).
 
 - A pin is made in `on_finished` -> `_pin`: a finished turn of a session that
   called a tool keeps its block references for a TTL (`ttl.py`), within the
-  session's quota (`_within_session_quota`) and the pool's cap
-  (`_room_under_cap`, which may release pins of later programs).
+  session's quota and the pool's cap (`pin_budget.py`; the cap may release
+  pins of later programs).
 - A pin is released by `_release`, for one of `ReleaseReason`: its next turn
   was admitted (`after_step`), its TTL passed (`release_expired`, with one
   step of grace for a queued next turn), an allocation needed its blocks
@@ -16,29 +16,31 @@ requests as vLLM gives them (only the attributes of `TurnRequest` are read).
   contested TTL gave way to a waiting request (`pin_cost: pressure|demand`),
   the session ended or aborted (`on_finished`), or a newer pin of the same
   context holds all its blocks.
-- The waiting queue (`waiting_queue.py`) asks it for lanes and keys, and the
-  waiting bound (`waiting_bound.py`) for who is overdue.
+- The waiting queue (`waiting_queue.py`) asks its `queue` (`queue_rules.py`)
+  for lanes, keys and who is overdue; those rules read the pins and turns
+  kept here.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from vllm_continuum.core.hints import NO_HINTS, Hints, parse_hints
 from vllm_continuum.core.ledger import BlockLedger
+from vllm_continuum.core.pin_budget import cap_victims, session_quota_cut
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
 from vllm_continuum.core.pin_value import PoolState, demand_exceeds_free, marginal_blocks
 from vllm_continuum.core.pressure import may_release_pins, pins_to_release
 from vllm_continuum.core.program_order import ProgramOrder
+from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.sessions import SessionRegistry, session_key
 from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, TurnEnd, make_ttl_policy
+from vllm_continuum.core.turn import Turn, TurnRequest
 from vllm_continuum.core.waiting_bound import WaitingBound
-from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
 from vllm_continuum.core.workload import WorkloadModel
 
 if TYPE_CHECKING:
@@ -47,20 +49,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.continuum")
 
 T = TypeVar("T")
-
-
-class TurnRequest(Protocol):
-    """The attributes of a vLLM `Request` the controller reads."""
-
-    request_id: str
-    session_id: str | None
-    block_hashes: Sequence[Hashable]
-    num_prompt_tokens: int
-    num_tokens: int
-    num_output_tokens: int
-    arrival_time: float
-    priority: int
-    status: object  # compared with the statuses `lane_queue` is given
 
 
 class PinEvents(Protocol):
@@ -74,19 +62,6 @@ class PinEvents(Protocol):
     def on_invalid_hints(self, count: int) -> None: ...
     def on_ttl_decision(self, tool: str, ttl_s: float, source: str) -> None: ...
     def on_tool_duration(self, tool: str, seconds: float) -> None: ...
-
-
-@dataclass
-class Turn:
-    """What the controller keeps about a request until it finishes."""
-
-    hints: Hints
-    enqueued_at: float  # controller clock: orders arrivals for the waiting bound
-    program_arrival: float  # queue key: the program's first arrival if it continues it
-    session: str | None = None
-    continues: bool = False  # its prompt continues its session's last turn
-    first_turn: bool = False  # no turn of its session had ended before it
-    resuming: tuple[bool, float] | None = None  # (found a pin, arrival) until admitted
 
 
 @dataclass
@@ -155,67 +130,10 @@ class PinController:
         # (None: unknown, Eq. 2's cost). Read only when a pin is decided.
         self.pool_state = pool_state
         self._warned_hints: set[str] = set()
-        self._preempted, self._waiting = preempted_status, waiting_status
-
-    # ------------------------------------------------------------- the queue
-    def lane_queue(self, queue_cls: type[LaneQueue] = LaneQueue) -> LaneQueue:
-        """Program-level FCFS with a pinned lane and the waiting bound.
-        `queue_cls`: LaneQueue or a subclass (the adapter's is also vLLM's
-        RequestQueue)."""
-        return queue_cls(
-            lane_of=self.lane_of,
-            key_of=self.queue_key,
-            session_of=lambda r: session_key(r.session_id),
-            enqueued_at=self.enqueued_at,
-            overdue=self._overdue_in_queue,
-            priority_of=self.level,
-            bounded=lambda r: self.order.bounded(session_key(r.session_id)),
-        )
-
-    def lane_of(self, request: TurnRequest) -> int:
-        if request.status == self._preempted:
-            return PREEMPTED
-        pinned = self.pins.continued_by(session_key(request.session_id), request.block_hashes)
-        return PINNED if pinned is not None else REGULAR
-
-    def _overdue_in_queue(self, request: TurnRequest) -> bool:
-        return request.status == self._waiting and self.overdue(request)
-
-    def program_arrival(self, request: TurnRequest) -> float:
-        """When the request's program arrived, as far as order goes (program_order.py)."""
-        turn = self.turns.get(request.request_id)
-        first = turn.program_arrival if turn is not None else request.arrival_time
-        return self.order.program_arrival(first, request.arrival_time, self.now())
-
-    def queue_key(self, request: TurnRequest) -> tuple:
-        """The last lane's order: by the program's first arrival, then the request's
-        (`pinned_fcfs`: the request's only); `sessionless_first` puts requests
-        without a session before every session's."""
-        order = self.config.queue_order
-        program = self.program_arrival(request) if order != "pinned_fcfs" else request.arrival_time
-        session_last = order == "sessionless_first" and session_key(request.session_id) is not None
-        return (session_last, program, request.arrival_time, request.request_id)
-
-    def enqueued_at(self, request: TurnRequest) -> float:
-        turn = self.turns.get(request.request_id)
-        return turn.enqueued_at if turn is not None else self.now()
-
-    def entitled(self, request: TurnRequest) -> bool:
-        """Whether its demand is a pin's cost: it may take pinned memory (a
-        preempted request always; under program admission a waiting one only if
-        it has the waiting bound, program_order.py)."""
-        return request.status == self._preempted or self.order.bounded(
-            session_key(request.session_id))
-
-    def overdue(self, request: TurnRequest) -> bool:
-        """Its extra wait lasted the bound (if it has one, program_order.py): it
-        goes first, and pins give way to it."""
-        turn = self.turns.get(request.request_id)
-        return (
-            turn is not None
-            and self.order.bounded(turn.session)
-            and self.bound.overdue(turn.enqueued_at, self.level(request), self.now())
-        )
+        # Where each waiting request goes in the queue, and who is overdue or entitled.
+        self.queue = QueueRules(queue_order=config.queue_order, pins=self.pins, turns=self.turns,
+                                order=self.order, bound=self.bound, level=self.level, now=self.now,
+                                preempted_status=preempted_status, waiting_status=waiting_status)
 
     # ------------------------------------------------------------ step side
     def now(self) -> float:
@@ -378,7 +296,10 @@ class PinController:
     ) -> bool:
         blocks, fence = self.ledger.take(request)
         hashes = tuple(request.block_hashes)
-        replaced, kept = self._within_session_quota(session, blocks, hashes)
+        replaced, kept = session_quota_cut(
+            self.pins, session, self.ledger.ids(blocks, keep_null=True), hashes,
+            quota=int(self.config.max_session_pinned_fraction * self.ledger.pool_size),
+            hashes_per_block=self.hashes_per_block, one_kv_group=self.one_kv_group)
         kept_ids = self.ledger.ids(blocks[:kept])
         kept_hashes = hashes[: kept * self.hashes_per_block]
         anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
@@ -390,7 +311,7 @@ class PinController:
             turn = TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s)
             if self.config.pin_cost == "pressure":
                 # Counting the pin's own blocks is O(blocks): only where it is read.
-                pool = self.pool_state(self.entitled)
+                pool = self.pool_state(self.queue.entitled)
                 own = (marginal_blocks(kept_ids, self.ledger.ref_count)
                        if demand_exceeds_free(pool) else 0)
                 turn = replace(turn, pool=pool, marginal_blocks=own)
@@ -401,7 +322,8 @@ class PinController:
                 "continuum: session=%s tool=%s ttl=%.3fs source=%s",
                 session, tool, ttl_s, decision.source,
             )
-        victims = self._room_under_cap(kept_ids, replaced, arrival) if ttl_s > 0 else None
+        cap = int(self.config.max_pinned_fraction * self.ledger.pool_size)
+        victims = cap_victims(self.pins, kept_ids, replaced, arrival, cap=cap) if ttl_s > 0 else None
         if victims is None:
             if ttl_s > 0:
                 self.stats.on_pin_refused(tool)
@@ -431,44 +353,6 @@ class PinController:
         self.stats.on_pin(pin)
         self._on_lane_change(session)
         return True
-
-    def _within_session_quota(self, session: str, blocks: list, hashes: tuple) -> tuple[list[Pin], int]:
-        """(pins the new one replaces, how many leading blocks it keeps) so that
-        the session's pins hold at most `max_session_pinned_fraction` of the
-        pool in distinct blocks. The first blocks are kept: its next turn hits
-        them (hashes chain from the start). Models with several KV cache groups
-        cannot be cut that way: all or nothing."""
-        quota = int(self.config.max_session_pinned_fraction * self.ledger.pool_size)
-        kept = len(blocks)
-        while True:  # fewer kept blocks replace fewer pins: a few rounds at most
-            replaced = self.pins.subsumed_by(session, hashes[: kept * self.hashes_per_block])
-            others = {b for p in self.pins.of_session(session) if p not in replaced for b in p.block_ids}
-            new = [i for i, b in enumerate(self.ledger.ids(blocks[:kept], keep_null=True))
-                   if b is not None and b not in others]
-            room = quota - len(others)
-            if len(new) <= room or kept == 0:
-                return replaced, kept
-            kept = new[room] if self.one_kv_group and room > 0 else 0
-
-    def _room_under_cap(
-        self, ids: tuple[int, ...], replaced: list[Pin], arrival: float
-    ) -> list[Pin] | None:
-        """The pins of later programs to release so that a new pin of `ids`
-        fits under `max_pinned_fraction` (distinct blocks, `replaced` gone);
-        None if it cannot fit: then nothing is released."""
-        cap = int(self.config.max_pinned_fraction * self.ledger.pool_size)
-        total = self.pins.count_with(ids, without=replaced)
-        if total <= cap:
-            return []
-        candidates = [
-            p for p in self.pins.release_order()
-            if p.session_arrival > arrival and p not in replaced
-        ]
-        going = Counter(b for p in replaced for b in p.block_ids)
-        victims = pins_to_release(
-            candidates, total - cap, lambda b: self.pins.refs(b) - going[b], keep=set(ids)
-        )
-        return victims or None
 
     # -------------------------------------------------------- release side
     def release_all(self, reason: ReleaseReason) -> None:
@@ -531,14 +415,14 @@ class PinController:
             running,
             anything_running=anything_running,
             preempted=preempted,
-            overdue=waiting and self.overdue(request),
+            overdue=waiting and self.queue.overdue(request),
         ):
             # Only pins past their contested TTL give way (to a request entitled
             # to pinned memory), and pins of a program that lost its precedence;
             # if they do not cover it, pins could make room but are kept:
             # everyone waiting waits.
             now = self.now()
-            entitled = self.entitled(request)
+            entitled = self.queue.entitled(request)
             takeable = [p for p in candidates
                         if (entitled and p.contested_at <= now)
                         or self.order.lost_precedence(p.session_arrival, now)]

@@ -1,0 +1,38 @@
+"""A request as the pin rules see it, and what they keep about it until it
+finishes: read by the controller (controller.py) and the queue rules
+(queue_rules.py) alike."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from vllm_continuum.core.hints import Hints
+
+
+class TurnRequest(Protocol):
+    """The attributes of a vLLM `Request` the controller reads."""
+
+    request_id: str
+    session_id: str | None
+    block_hashes: Sequence[Hashable]
+    num_prompt_tokens: int
+    num_tokens: int
+    num_output_tokens: int
+    arrival_time: float
+    priority: int
+    status: object  # compared with the statuses the controller is given
+
+
+@dataclass
+class Turn:
+    """What the controller keeps about a request until it finishes."""
+
+    hints: Hints
+    enqueued_at: float  # controller clock: orders arrivals for the waiting bound
+    program_arrival: float  # queue key: the program's first arrival if it continues it
+    session: str | None = None
+    continues: bool = False  # its prompt continues its session's last turn
+    first_turn: bool = False  # no turn of its session had ended before it
+    resuming: tuple[bool, float] | None = None  # (found a pin, arrival) until admitted
