@@ -12,18 +12,21 @@ def async_scheduling(request) -> bool:
     return request.param
 
 
+# The mechanism is tested under the `fixed` TTL policy (a known TTL per pin),
+# one session's pins bounded by the pool only.
+MECHANISM = {"ttl_policy": "fixed", "max_session_pinned_fraction": 1.0}
+
+
 @pytest.fixture
-def build(tiny_model_dir, async_scheduling, monkeypatch):
+def build(tiny_model_dir, async_scheduling):
     """Build a continuum (or stock) scheduler wrapped in an auditing driver.
+    `settings` (ContinuumConfig fields) go over MECHANISM into the one config
+    the scheduler is given."""
 
-    The mechanism is tested under the `fixed` TTL policy (a known TTL per
-    pin); tests may override any CONTINUUM_* variable before building."""
-    monkeypatch.setenv("CONTINUUM_TTL_POLICY", "fixed")
-    monkeypatch.setenv("CONTINUUM_MAX_SESSION_PINNED_FRACTION", "1")
-
-    def _build(**kwargs):
+    def _build(settings: dict | None = None, **kwargs):
         scheduler = make_scheduler(
-            tiny_model_dir, async_scheduling=async_scheduling, **kwargs
+            tiny_model_dir, async_scheduling=async_scheduling,
+            settings={**MECHANISM, **(settings or {})}, **kwargs
         )
         if hasattr(scheduler, "continuum"):
             scheduler.continuum.clock = FakeClock()

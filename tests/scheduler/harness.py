@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -17,6 +18,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from vllm_continuum.adapter.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
+from vllm_continuum.config import load_config
 from vllm_continuum.experiments.sim.driver import (
     EOS_TOKEN_ID,
     SimClock,
@@ -50,9 +52,15 @@ def make_scheduler(
     enable_prefix_caching: bool = True,
     sliding_window: int | None = None,
     kv_transfer_config=None,
+    settings: Mapping[str, object] | None = None,
     **continuum_kwargs,
 ):
-    """`continuum_kwargs` go to our scheduler (e.g. `continuum_config=`)."""
+    """`settings`: our scheduler's ContinuumConfig fields (the defaults for the
+    rest), passed in as one config, as `--additional-config` would; without,
+    the scheduler reads its config as in vLLM (the plugin's sources, env
+    included). `continuum_kwargs` go to our scheduler (e.g. `continuum_config=`)."""
+    if continuum and settings is not None:
+        continuum_kwargs.setdefault("continuum_config", load_config(use_env=False, **settings))
     if continuum:
         cls = ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler
     else:

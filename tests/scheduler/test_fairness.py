@@ -100,21 +100,21 @@ class Fleet:
         return self.admitted[request.request_id] - self.added[request.request_id]
 
 
-def fleet(model_dir, monkeypatch, flavour: str, num_blocks=64, policy="fcfs", **settings) -> Fleet:
-    """flavour: stock, or a continuum pressure/TTL variant."""
-    paper = {"QUEUE_ORDER": "program_fcfs"}  # the order that puts newcomers last
-    env = {
+def fleet(model_dir, flavour: str, num_blocks=64, policy="fcfs", **settings) -> Fleet:
+    """flavour: stock, or a continuum pressure/TTL variant; `settings` (ContinuumConfig
+    fields) over the flavour's."""
+    paper = {"queue_order": "program_fcfs"}  # the order that puts newcomers last
+    flavour_settings = {
         "stock": {},
         "default": {},  # what ships
-        "hold": {"TTL_POLICY": "fixed", "PRESSURE_POLICY": "hold", **paper},
-        "yield": {"TTL_POLICY": "fixed", "PRESSURE_POLICY": "yield", **paper},
-        "never": {"TTL_POLICY": "never", **paper},
-        "never-fcfs": {"TTL_POLICY": "never", "QUEUE_ORDER": "fcfs"},
+        "hold": {"ttl_policy": "fixed", "pressure_policy": "hold", **paper},
+        "yield": {"ttl_policy": "fixed", "pressure_policy": "yield", **paper},
+        "never": {"ttl_policy": "never", **paper},
+        "never-fcfs": {"ttl_policy": "never", "queue_order": "fcfs"},
     }[flavour]
-    for key, value in {**env, **settings}.items():
-        monkeypatch.setenv(f"CONTINUUM_{key}", str(value))
     s = make_scheduler(model_dir, num_blocks=num_blocks, continuum=flavour != "stock",
-                       max_num_seqs=16, max_num_batched_tokens=1024, policy=policy)
+                       max_num_seqs=16, max_num_batched_tokens=1024, policy=policy,
+                       settings={**flavour_settings, **settings})
     clock = FakeClock()
     if flavour != "stock":
         s.continuum.clock = clock
@@ -132,11 +132,11 @@ def fleet(model_dir, monkeypatch, flavour: str, num_blocks=64, policy="fcfs", **
     return Fleet(driver, clock, tool_token)
 
 
-def starvation(model_dir, monkeypatch, flavour: str, **settings) -> tuple[int | None, Fleet]:
+def starvation(model_dir, flavour: str, **settings) -> tuple[int | None, Fleet]:
     """The issue's scenario: a 63-block pool, 4 agent sessions cycling, and at
     step 30 a 576-token request without a session. Returns its wait in steps
     (None: never admitted in 600 steps)."""
-    f = fleet(model_dir, monkeypatch, flavour, **settings)
+    f = fleet(model_dir, flavour, **settings)
     f.start(sessions=4, first_prompt=160)
     f.run(30)
     big = f.add(make_request(tokens(99, 576), max_tokens=4))
@@ -148,19 +148,16 @@ def starvation(model_dir, monkeypatch, flavour: str, **settings) -> tuple[int | 
 BOUND_S = 2.0
 
 
-def test_a_newcomer_is_admitted_within_the_bound_under_every_policy(
-    tiny_model_dir, monkeypatch, capsys
-):
+def test_a_newcomer_is_admitted_within_the_bound_under_every_policy(tiny_model_dir, capsys):
     """Stock vLLM admits the newcomer within a few steps; on today's main
     continuum never did (hold, yield, and even never). With the waiting bound,
     after BOUND_S it goes first and pins give way to it: it then waits only
     for the agent turns already running to end (about 20 decode steps)."""
     waits = {}
     for flavour in ("stock", "default", "hold", "yield", "never", "never-fcfs"):
-        with monkeypatch.context() as m:
-            waits[flavour], _ = starvation(tiny_model_dir, m, flavour, MAX_QUEUE_DELAY_S=BOUND_S)
-    with monkeypatch.context() as m:  # today's main, in effect: no bound
-        waits["hold, no bound"], _ = starvation(tiny_model_dir, m, "hold", MAX_QUEUE_DELAY_S="inf")
+        waits[flavour], _ = starvation(tiny_model_dir, flavour, max_queue_delay_s=BOUND_S)
+    # today's main, in effect: no bound
+    waits["hold, no bound"], _ = starvation(tiny_model_dir, "hold", max_queue_delay_s=float("inf"))
     with capsys.disabled():
         print("\nsteps a 576-token newcomer waits behind 4 cycling agents:", waits)
     assert waits["stock"] is not None
@@ -173,14 +170,13 @@ def test_a_newcomer_is_admitted_within_the_bound_under_every_policy(
     assert waits["hold, no bound"] is None  # the failure the bound fixes
 
 
-def mixed_fleet(model_dir, monkeypatch, flavour, policy="fcfs"):
+def mixed_fleet(model_dir, flavour, policy="fcfs"):
     """Agents, one-shot requests at random steps (some with priorities), and
     a request that cannot fit until the agents drain: every request's
     admission step, in the order they were added."""
     import random
 
-    monkeypatch.setenv("CONTINUUM_MAX_QUEUE_DELAY_S", str(BOUND_S))
-    f = fleet(model_dir, monkeypatch, flavour, num_blocks=48, policy=policy)
+    f = fleet(model_dir, flavour, num_blocks=48, policy=policy, max_queue_delay_s=BOUND_S)
     rng = random.Random(7)
     f.start(sessions=5, first_prompt=120)
     for step in range(300):
@@ -194,13 +190,12 @@ def mixed_fleet(model_dir, monkeypatch, flavour, policy="fcfs"):
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
-def test_never_with_fcfs_is_stock_vllm_exactly(tiny_model_dir, monkeypatch, policy):
+def test_never_with_fcfs_is_stock_vllm_exactly(tiny_model_dir, policy):
     """The A/B baseline: `ttl_policy: never` + `queue_order: fcfs` admits
     every request at the same step as stock vLLM (with priorities too)."""
     runs = {}
     for flavour in ("stock", "never-fcfs"):
-        with monkeypatch.context() as m:
-            runs[flavour] = mixed_fleet(tiny_model_dir, m, flavour, policy)
+        runs[flavour] = mixed_fleet(tiny_model_dir, flavour, policy)
     assert sum(step is not None for step in runs["stock"]) > 40
     assert runs["never-fcfs"] == runs["stock"]
 
@@ -226,12 +221,11 @@ def test_priority_comes_before_the_lanes(build):
 
 
 # ----------------------------------------------------------------- accounting
-def test_caps_count_a_shared_system_prompt_once(build, monkeypatch):
+def test_caps_count_a_shared_system_prompt_once(build):
     """Two sessions share an 18-block system prompt: their pins hold 22
     distinct blocks, which fit a cap of 31 (on today's main the second pin was
     refused: 20 + 20 > 31)."""
-    monkeypatch.setenv("CONTINUUM_MAX_PINNED_FRACTION", str(31.5 / 63))
-    d = build(num_blocks=64)
+    d = build(num_blocks=64, settings={"max_pinned_fraction": 31.5 / 63})
     s = d.scheduler
     system = tokens(42, 18 * BLOCK_SIZE)
     for session, seed in (("A", 1), ("B", 2)):
@@ -245,11 +239,10 @@ def test_caps_count_a_shared_system_prompt_once(build, monkeypatch):
     assert_all_free(d)
 
 
-def test_the_cap_releases_nothing_unless_the_new_pin_is_then_made(build, monkeypatch):
+def test_the_cap_releases_nothing_unless_the_new_pin_is_then_made(build):
     """A, then B, then C arrive; A and C pin; B's pin would fit only if more
     than C's pin went: C's pin is kept and B's is refused."""
-    monkeypatch.setenv("CONTINUUM_MAX_PINNED_FRACTION", str(15.5 / 63))  # cap 15
-    d = build(num_blocks=64)
+    d = build(num_blocks=64, settings={"max_pinned_fraction": 15.5 / 63})  # cap 15
     s = d.scheduler
     a = make_request(tokens(0, 120), session="A", max_tokens=32, arrival=1.0)  # 8 blocks
     b = make_request(tokens(1000, 150), session="B", max_tokens=32, arrival=2.0)  # 10
@@ -306,14 +299,13 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
     assert_all_free(d)
 
 
-def test_a_flood_of_session_ids_cannot_make_a_stranger_the_session(build, monkeypatch):
+def test_a_flood_of_session_ids_cannot_make_a_stranger_the_session(build):
     """The session table is bounded: a flood of fresh ids (each request aborted
     at once, so it costs its sender nothing) used to push session A out of it,
     after which a guessed id with `continuum_last_turn` counted as A's first
     turn and released A's pins. Now the flood cannot evict a session that
     finished a turn, and a pin answers only to a request continuing it."""
-    monkeypatch.setenv("CONTINUUM_MAX_TRACKED_SESSIONS", "8")
-    d = build()
+    d = build(settings={"max_tracked_sessions": 8})
     s = d.scheduler
     t1 = first_turn(d, "A", name="search")
     pin = s.continuum.pins.get("A")
@@ -336,10 +328,9 @@ def test_a_flood_of_session_ids_cannot_make_a_stranger_the_session(build, monkey
 
 
 # ------------------------------------------------------- no prefix caching
-def test_without_prefix_caching_nothing_is_pinned(tiny_model_dir, monkeypatch, caplog):
-    monkeypatch.setenv("CONTINUUM_TTL_POLICY", "fixed")
+def test_without_prefix_caching_nothing_is_pinned(tiny_model_dir, caplog):
     stock = make_scheduler(tiny_model_dir, continuum=False, enable_prefix_caching=False)
-    s = make_scheduler(tiny_model_dir, enable_prefix_caching=False)
+    s = make_scheduler(tiny_model_dir, enable_prefix_caching=False, settings={"ttl_policy": "fixed"})
     assert any("prefix caching is off" in r.getMessage() for r in caplog.records)
     s.continuum.clock = FakeClock()
     steps = {}
@@ -353,12 +344,11 @@ def test_without_prefix_caching_nothing_is_pinned(tiny_model_dir, monkeypatch, c
 
 
 # ------------------------------------------------------------------- pressure
-def test_yield_computes_the_shortfall_once_and_churns_nothing(build, monkeypatch):
+def test_yield_computes_the_shortfall_once_and_churns_nothing(build):
     """The queue head cannot fit even with every pin released: one allocation
     attempt per step, no pin released and touched back (today's main released
     every pin and retried once per pin, every step)."""
-    monkeypatch.setenv("CONTINUUM_PRESSURE_POLICY", "yield")
-    d = build(num_blocks=41)
+    d = build(num_blocks=41, settings={"pressure_policy": "yield"})
     s = d.scheduler
     first_turn(d, "A", prompt_len=60)  # 4 blocks pinned
     first_turn(d, "B", prompt_len=40, start=1)  # 3 more
@@ -377,10 +367,8 @@ def test_yield_computes_the_shortfall_once_and_churns_nothing(build, monkeypatch
     assert waiter.status == RequestStatus.WAITING and len(s.continuum.pins) == 2 and not hog.is_finished()
 
 
-def test_yield_releases_only_the_pins_that_cover_the_shortfall(build, monkeypatch):
-    monkeypatch.setenv("CONTINUUM_PRESSURE_POLICY", "yield")
-    monkeypatch.setenv("CONTINUUM_MAX_PINNED_FRACTION", "1")
-    d = build(num_blocks=41)
+def test_yield_releases_only_the_pins_that_cover_the_shortfall(build):
+    d = build(num_blocks=41, settings={"pressure_policy": "yield", "max_pinned_fraction": 1})
     s = d.scheduler
     for i, session in enumerate("ABC"):  # 7 blocks each; C arrived last
         first_turn(d, session, prompt_len=100, start=i, arrival=float(i))
@@ -394,11 +382,11 @@ def test_yield_releases_only_the_pins_that_cover_the_shortfall(build, monkeypatc
     assert not hog.is_finished()
 
 
-def test_hold_lets_a_preempted_request_use_pinned_memory(build, monkeypatch):
+def test_hold_lets_a_preempted_request_use_pinned_memory(build):
     """hold keeps pins while other work runs, but not from a request that was
     preempted: it has lost its KV once already."""
-    monkeypatch.setenv("CONTINUUM_QUEUE_ORDER", "program_fcfs")  # the agent is admitted first
-    d = build(num_blocks=24, max_num_seqs=3)
+    # program_fcfs: the agent is admitted first
+    d = build(num_blocks=24, max_num_seqs=3, settings={"queue_order": "program_fcfs"})
     s = d.scheduler
     # The agent's turn ends (and pins) while q, preempted as p and q grow, waits.
     agent = d.add(make_request(tokens(3, 20), session="A", max_tokens=100),
@@ -420,13 +408,12 @@ def test_hold_lets_a_preempted_request_use_pinned_memory(build, monkeypatch):
 
 
 # ------------------------------------------------------------- model inputs
-def test_the_ttl_is_decided_on_the_tokens_the_pin_keeps(build, monkeypatch):
+def test_the_ttl_is_decided_on_the_tokens_the_pin_keeps(build):
     """The session quota keeps only a long context's first blocks: the TTL
     model is asked about those, not the whole context."""
     from vllm_continuum.core.ttl import FixedTTLPolicy
 
-    monkeypatch.setenv("CONTINUUM_MAX_SESSION_PINNED_FRACTION", "0.25")  # 15 of 63 blocks
-    d = build(num_blocks=64)
+    d = build(num_blocks=64, settings={"max_session_pinned_fraction": 0.25})  # 15 of 63 blocks
     s = d.scheduler
     asked = []
 

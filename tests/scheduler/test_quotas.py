@@ -15,13 +15,10 @@ STEP_S = 0.5
 MAX_TTL_S = 20.0
 
 
-def run(model_dir, monkeypatch, flavour: str) -> dict:
-    monkeypatch.setenv("CONTINUUM_TTL_POLICY", "fixed")
-    monkeypatch.setenv("CONTINUUM_MAX_TTL_S", str(MAX_TTL_S))
-    if flavour != "stock":
-        monkeypatch.setenv("CONTINUUM_PRESSURE_POLICY", flavour)
+def run(model_dir, flavour: str) -> dict:
+    settings = {"ttl_policy": "fixed", "max_ttl_s": MAX_TTL_S, "pressure_policy": flavour}
     s = make_scheduler(model_dir, num_blocks=POOL, continuum=flavour != "stock",
-                       max_num_seqs=64, max_num_batched_tokens=4096)
+                       max_num_seqs=64, max_num_batched_tokens=4096, settings=settings)
     clock = FakeClock()
     if flavour != "stock":
         s.continuum.clock = clock
@@ -83,8 +80,8 @@ def run(model_dir, monkeypatch, flavour: str) -> dict:
     }
 
 
-def test_hogging_sessions_stay_within_quotas(tiny_model_dir, monkeypatch, capsys):
-    results = {f: run(tiny_model_dir, monkeypatch, f) for f in ("stock", "yield", "hold")}
+def test_hogging_sessions_stay_within_quotas(tiny_model_dir, capsys):
+    results = {f: run(tiny_model_dir, f) for f in ("stock", "yield", "hold")}
     cap = int(ContinuumConfig().max_pinned_fraction * (POOL - 1))  # the default cap
     for flavour in ("yield", "hold"):
         r = results[flavour]

@@ -72,11 +72,8 @@ def test_no_pin(build, session, xargs, script):
     assert_all_free(d)
 
 
-def test_ttl_sources_and_cap(build, monkeypatch):
-    monkeypatch.setenv("CONTINUUM_DEFAULT_TTL_S", "3")
-    monkeypatch.setenv("CONTINUUM_TOOL_TTL_S", '{"slow": 9}')
-    monkeypatch.setenv("CONTINUUM_MAX_TTL_S", "8")
-    d = build()
+def test_ttl_sources_and_cap(build):
+    d = build(settings={"default_ttl_s": 3, "tool_ttl_s": {"slow": 9}, "max_ttl_s": 8})
     s = d.scheduler
     for i, (name, xargs) in enumerate(
         [("fast", None), ("slow", None), ("fast", {"continuum_ttl_s": 5}), ("fast", {"continuum_ttl_s": 99})]
@@ -302,9 +299,8 @@ def test_pins_are_not_released_for_nothing(build):
     assert s.continuum.stats.releases_by_reason == {}
 
 
-def test_pinned_blocks_never_exceed_the_cap(build, monkeypatch):
-    monkeypatch.setenv("CONTINUUM_MAX_PINNED_FRACTION", "0.25")  # 15 of 63 blocks
-    d = build(num_blocks=64)
+def test_pinned_blocks_never_exceed_the_cap(build):
+    d = build(num_blocks=64, settings={"max_pinned_fraction": 0.25})  # 15 of 63 blocks
     s = d.scheduler
     # Sessions arrive A, B, C; their turns end B, C, A.
     a = make_request(tokens(0, 100), session="A", max_tokens=32, arrival=1.0)
@@ -420,9 +416,8 @@ def test_huge_session_ids_are_keyed_by_a_digest(build):
     assert s.continuum.stats.releases_by_reason == {"resumed": 1}
 
 
-def test_one_session_pins_at_most_its_quota_and_keeps_its_prefix(build, monkeypatch):
-    monkeypatch.setenv("CONTINUUM_MAX_SESSION_PINNED_FRACTION", "0.25")  # 15 of 63 blocks
-    d = build(num_blocks=64)
+def test_one_session_pins_at_most_its_quota_and_keeps_its_prefix(build):
+    d = build(num_blocks=64, settings={"max_session_pinned_fraction": 0.25})  # 15 of 63 blocks
     s = d.scheduler
     t1 = first_turn(d, "A", prompt_len=400)  # 26 blocks
     assert s.continuum.pins.get("A").num_blocks == 15

@@ -4,7 +4,6 @@ and the `hold` pressure policy with its deadlock guard."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from vllm.v1.request import RequestStatus
@@ -54,9 +53,8 @@ def test_the_hint_overrides_the_parsed_name(build):
     assert d.scheduler.continuum.pins.get("A").tool == "mine"
 
 
-def test_configured_patterns_recognise_plain_text_tool_calls(build, monkeypatch):
-    monkeypatch.setenv("CONTINUUM_TOOL_CALL_PATTERNS", json.dumps([r"```bash\s*\n\s*(\w+)"]))
-    d = build()
+def test_configured_patterns_recognise_plain_text_tool_calls(build):
+    d = build(settings={"tool_call_patterns": [r"```bash\s*\n\s*(\w+)"]})
     shell = make_request(tokens(0, 64), session="A", max_tokens=64)
     d.add(shell, [*encode(d, "Let me look.\n```bash\nls -la\n```"), EOS_TOKEN_ID])
     plain = make_request(tokens(900, 64), session="B", max_tokens=64)
@@ -90,9 +88,8 @@ def test_tool_durations_t_and_eta_are_measured(build):
     assert s.continuum.workload.programs._programs[0] == 2
 
 
-def test_idle_sessions_count_as_finished_programs(build, monkeypatch):
-    monkeypatch.setenv("CONTINUUM_PROGRAM_IDLE_HORIZON_S", "100")
-    d = build()
+def test_idle_sessions_count_as_finished_programs(build):
+    d = build(settings={"program_idle_horizon_s": 100})
     s = d.scheduler
     first_turn(d, "A")
     s.continuum.clock.advance(101)
@@ -100,16 +97,13 @@ def test_idle_sessions_count_as_finished_programs(build, monkeypatch):
     assert list(s.continuum.workload.programs._programs) == [1]
 
 
-def test_continuum_policy_decides_by_the_measured_cdf(build, monkeypatch, tmp_path):
+def test_continuum_policy_decides_by_the_measured_cdf(build, tmp_path):
     """Past K samples, a tool that returns fast is pinned for its duration and
     one that takes far longer than a reload is worth is not pinned."""
     profile = tmp_path / "profile.yaml"
     profile.write_text("c0: 2.0\nc1: 0.0\nc2: 0.0\n")  # reload costs 2 s, whatever the length
-    monkeypatch.setenv("CONTINUUM_TTL_POLICY", "continuum")
-    monkeypatch.setenv("CONTINUUM_PIN_COST", "always")  # Eq. 2 as the paper has it
-    monkeypatch.setenv("CONTINUUM_COLD_START_SAMPLES", "2")
-    monkeypatch.setenv("CONTINUUM_PREFILL_PROFILE", str(profile))
-    d = build()
+    d = build(settings={"ttl_policy": "continuum", "pin_cost": "always",  # Eq. 2 as the paper has it
+                        "cold_start_samples": 2, "prefill_profile": str(profile)})
     s = d.scheduler
     for i, (tool, pause) in enumerate([("fast", 0.2), ("slow", 20.0)] * 3):
         t1 = first_turn(d, f"S{i}", start=400 * i, name=tool)
@@ -131,13 +125,11 @@ def test_continuum_policy_decides_by_the_measured_cdf(build, monkeypatch, tmp_pa
     ("sessionless_first", ["loner", "a2", "b1"]),
     ("pinned_fcfs", ["b1", "loner", "a2"]),  # arrival order, as stock
 ])
-def test_program_level_fcfs(build, monkeypatch, order, expected):
+def test_program_level_fcfs(build, order, expected):
     """Without pins, an older program's later turn goes before a newer
     program's first request (then arrival order); `queue_order` says where
     requests without a session go."""
-    monkeypatch.setenv("CONTINUUM_TTL_POLICY", "never")
-    monkeypatch.setenv("CONTINUUM_QUEUE_ORDER", order)
-    d = build(max_num_seqs=1)
+    d = build(max_num_seqs=1, settings={"ttl_policy": "never", "queue_order": order})
     s = d.scheduler
     a1 = make_request(tokens(0, 32), session="A", max_tokens=2, arrival=1.0)
     d.add(a1)
@@ -154,11 +146,10 @@ def test_program_level_fcfs(build, monkeypatch, order, expected):
     assert [names[r.request_id] for r in s.waiting] == expected
 
 
-def _pressure_state(build, monkeypatch, policy: str):
+def _pressure_state(build, policy: str):
     """A pin, a long-running request, and a newcomer that fits only if the
     pin goes."""
-    monkeypatch.setenv("CONTINUUM_PRESSURE_POLICY", policy)
-    d = build(num_blocks=41)
+    d = build(num_blocks=41, settings={"pressure_policy": policy})
     first_turn(d, "A", prompt_len=300)  # ~20 blocks pinned
     runner = make_request(tokens(2000, 100), max_tokens=40)  # 7 -> 9 blocks, runs a while
     d.add(runner)
@@ -169,14 +160,14 @@ def _pressure_state(build, monkeypatch, policy: str):
     return d, runner, newcomer
 
 
-def test_yield_admits_the_newcomer_at_once(build, monkeypatch):
-    d, runner, newcomer = _pressure_state(build, monkeypatch, "yield")
+def test_yield_admits_the_newcomer_at_once(build):
+    d, runner, newcomer = _pressure_state(build, "yield")
     assert newcomer.status == RequestStatus.RUNNING or newcomer.is_finished()
     assert d.scheduler.continuum.stats.releases_by_reason == {"pressure": 1}
 
 
-def test_hold_keeps_the_pin_while_work_runs_then_the_guard_admits(build, monkeypatch):
-    d, runner, newcomer = _pressure_state(build, monkeypatch, "hold")
+def test_hold_keeps_the_pin_while_work_runs_then_the_guard_admits(build):
+    d, runner, newcomer = _pressure_state(build, "hold")
     s = d.scheduler
     assert newcomer.status == RequestStatus.WAITING and s.continuum.pins.get("A") is not None
     d.run_until_finished(runner)

@@ -56,27 +56,23 @@ def scheduler_machine(
         @initialize()
         def build(self):
             harness._ids = itertools.count()  # request ids (queue tie-breaks) as in a lone run
-            os.environ["CONTINUUM_PRESSURE_POLICY"] = pressure_policy
+            shipped = ttl_policy == "shipped"
             # "shipped": the defaults but for the settings below; else the TTL
             # policy named, with the paper's queue order.
-            os.environ["CONTINUUM_TTL_POLICY"] = "continuum" if ttl_policy == "shipped" else ttl_policy
-            os.environ["CONTINUUM_QUEUE_ORDER"] = (
-                "sessionless_first" if ttl_policy == "shipped" else "program_fcfs")
-            os.environ["CONTINUUM_MAX_PINNED_FRACTION"] = "0.5"
-            os.environ["CONTINUUM_MAX_QUEUE_DELAY_S"] = str(MAX_QUEUE_DELAY_S)
-            # Without a fixed TTL, pins last until the cap: short, so that they expire.
-            os.environ["CONTINUUM_MAX_TTL_S"] = "30" if ttl_policy == "fixed" else "1.0"
-            try:
-                self.s = make_scheduler(
-                    model_dir, num_blocks=NUM_BLOCKS, async_scheduling=async_scheduling,
-                    max_num_seqs=6, max_num_batched_tokens=256, policy=scheduling_policy,
-                    kv_transfer_config=kv_transfer_config() if connector else None,
-                )
-            finally:
-                for key in ("CONTINUUM_PRESSURE_POLICY", "CONTINUUM_TTL_POLICY", "CONTINUUM_MAX_TTL_S",
-                            "CONTINUUM_QUEUE_ORDER",
-                            "CONTINUUM_MAX_PINNED_FRACTION", "CONTINUUM_MAX_QUEUE_DELAY_S"):
-                    os.environ.pop(key)
+            settings = {
+                "pressure_policy": pressure_policy,
+                "ttl_policy": "continuum" if shipped else ttl_policy,
+                "queue_order": "sessionless_first" if shipped else "program_fcfs",
+                "max_pinned_fraction": 0.5,
+                "max_queue_delay_s": MAX_QUEUE_DELAY_S,
+                # Without a fixed TTL, pins last until the cap: short, so that they expire.
+                "max_ttl_s": 30.0 if ttl_policy == "fixed" else 1.0,
+            }
+            self.s = make_scheduler(
+                model_dir, num_blocks=NUM_BLOCKS, async_scheduling=async_scheduling,
+                max_num_seqs=6, max_num_batched_tokens=256, policy=scheduling_policy,
+                kv_transfer_config=kv_transfer_config() if connector else None, settings=settings,
+            )
             self.s.continuum.clock = self.clock = FakeClock()
             vocab = self.s.structured_output_manager.tokenizer.get_vocab()
             self.tool_token = vocab["<tool_call>"]
