@@ -33,13 +33,9 @@ SOAK_TURNS = 5
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    env = {
-        "CONTINUUM_TTL_POLICY": "fixed",
-        "CONTINUUM_DEFAULT_TTL_S": str(TTL_S),
-        "CONTINUUM_MAX_TTL_S": str(MAX_TTL_S),
-    }
+    settings = {"ttl_policy": "fixed", "default_ttl_s": TTL_S, "max_ttl_s": MAX_TTL_S}
     with flavour_server("continuum", tiny_model_dir, tmp_path_factory.mktemp("abuse"),
-                        env=env, num_blocks=129) as s:
+                        settings=settings, num_blocks=129) as s:
         yield s
 
 
