@@ -44,3 +44,11 @@ def test_counts_must_be_positive(text):
     with pytest.raises(argparse.ArgumentTypeError, match="at least 1"):
         positive_int(text)
     assert positive_int("3") == 3
+
+
+def test_compare_refuses_zero_rounds(capsys):
+    from vllm_continuum.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["compare", "--repeats", "0"])
+    assert "at least 1" in capsys.readouterr().err

@@ -55,3 +55,4 @@ def test_scaled_is_the_same_machine_that_much_slower():
     assert slow.api_overhead_s == pytest.approx(0.075)
     assert (slow.num_gpu_blocks, slow.max_num_batched_tokens) == (96, 1024)
     assert speed_factor(probe_records(slow, 1.0), COST) == pytest.approx(1.5)
+

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_continuum.experiments.cli import command_line, publish_arg, workload_args
+from vllm_continuum.experiments.cli import command_line, positive_int, publish_arg, workload_args
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -82,9 +82,11 @@ def register(subparsers) -> None:
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--prefill-profile", type=Path,
                    help="profile YAML for continuum (default: measured on the first server)")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=positive_int, default=1,
                    help="rounds of the flavours, in alternating order (A B, B A, ...); the "
-                        "report gives each round's figures and the spread")
+                        "report gives each round's figures and the spread. Each replay is "
+                        "preceded and followed by a few seconds of speed probe, which "
+                        "`predict` reads (docs/calibration.md)")
     hints_arg(p)
     p.add_argument("--continuum-settings", type=continuum_settings_arg, metavar="JSON",
                    help="continuum settings for every continuum flavour, over the benchmark's "
