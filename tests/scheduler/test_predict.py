@@ -47,7 +47,8 @@ def _measured_run(tmp_path, machine: CostModel = COST, probe: bool = False) -> t
         run.meta = {"round": rnd, "flavour": label}
         if probe:
             factor = speed_factor(probe_records(machine, 1.0), COST)
-            run.meta["speed_probe"] = {w: probe_records(COST, factor) for w in ("before", "after")}
+            run.meta["speed_probe"] = {w: {"points": probe_records(COST, factor), "failed": []}
+                                       for w in ("before", "after")}
         if policy != "stock":
             run.meta["continuum_config"] = sim_config(sim.settings).model_dump(mode="json")
             run.meta["continuum_settings"] = {"ttl_policy": "forever"}

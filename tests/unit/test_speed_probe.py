@@ -39,13 +39,17 @@ def test_the_factor_is_measured_over_modelled():
 
 
 def test_a_replay_is_read_before_and_after():
-    meta = {"speed_probe": {"before": probe_records(COST, 1.2), "after": probe_records(COST, 1.4)}}
+    meta = {"speed_probe": {"before": {"points": probe_records(COST, 1.2), "failed": []},
+                            "after": {"points": probe_records(COST, 1.4), "failed": ["decode (4, 512): ..."]}}}
     speed = replay_speed(meta, COST)
     assert speed["before"] == pytest.approx(1.2) and speed["after"] == pytest.approx(1.4)
     assert speed["applied"] == pytest.approx(math.sqrt(1.2 * 1.4))
     # Recorded without a probe, or half of one: nothing to apply.
     assert replay_speed({}, COST) is None
     assert replay_speed({"speed_probe": {"before": meta["speed_probe"]["before"]}}, COST) is None
+    # Every probe of one side failed: nothing to read there either.
+    assert replay_speed({"speed_probe": {**meta["speed_probe"], "after": {"points": [], "failed": ["x"]}}},
+                        COST) is None
 
 
 def test_scaled_is_the_same_machine_that_much_slower():

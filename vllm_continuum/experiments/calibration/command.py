@@ -12,7 +12,6 @@ the fit's error. What it prints: fit_report.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Sequence
@@ -25,7 +24,8 @@ from tqdm import tqdm
 from vllm_continuum.experiments.calibration.fit import TERMS, Fit, combine_repeats, fit_points
 from vllm_continuum.experiments.calibration.fit_report import fit_report
 from vllm_continuum.experiments.calibration.grid import Probe, plan
-from vllm_continuum.experiments.calibration.probes import GUIDED, Point, Prompts, decode_point, prefill_point
+from vllm_continuum.experiments.calibration.probes import (
+    GUIDED, PROBE_ERRORS, Point, Prompts, decode_point, prefill_point)
 from vllm_continuum.experiments.calibration.server import FIELDS, ServerShape, read_shape
 from vllm_continuum.experiments.machine import load_average, machine
 from vllm_continuum.experiments.publish import utc_date
@@ -41,9 +41,6 @@ METHOD = (
     "TTFT, by non-negative least squares on relative errors (experiments/calibration/fit.py)."
 )
 WARM_UP_REQUESTS = 2  # a server's first requests pay one-off costs: not part of any point
-# How a probe fails: the server refused or broke the stream (probes.py), the
-# connection failed or timed out, or a chunk was not JSON.
-PROBE_ERRORS = (RuntimeError, httpx.HTTPError, json.JSONDecodeError)
 
 
 async def measure(base_url: str, shape: ServerShape, probes: Sequence[Probe], *, decode_tokens: int,

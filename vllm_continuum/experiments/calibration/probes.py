@@ -31,6 +31,7 @@ hits.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import statistics
 import time
@@ -47,6 +48,10 @@ GUIDED = "decode-guided"  # a decode point under a grammar: a diagnostic, not fi
 # A decode point needs the streams side by side for this many steps: fewer gaps
 # than that and one scheduling hiccup is the whole measurement.
 MIN_WINDOW_STEPS = 4
+# How a probe fails: the server refused or broke the stream, the connection
+# failed or timed out, or a chunk was not JSON. A caller leaves the point out
+# and says so: one failed probe must not end minutes of measurement.
+PROBE_ERRORS = (RuntimeError, httpx.HTTPError, json.JSONDecodeError)
 
 
 @dataclass

@@ -28,39 +28,50 @@ import statistics
 import httpx
 
 from vllm_continuum.experiments.calibration.fit import combine_repeats, time_of
-from vllm_continuum.experiments.calibration.probes import Point, Prompts, decode_point, prefill_point
+from vllm_continuum.experiments.calibration.probes import (
+    PROBE_ERRORS, Point, Prompts, decode_point, prefill_point)
 from vllm_continuum.experiments.sim.cost_model import CostModel
 
 # (kind, args) as calibrate's grid (grid.py): prefill (new, cached), decode (batch, context).
 PROBES = (("prefill", (512, 0)), ("prefill", (256, 1024)), ("decode", (4, 512)))
 REPEATS = 3
-DECODE_TOKENS = 24
+DECODE_TOKENS = 48  # as calibrate's default: enough steps side by side on a fast machine
 WHEN = ("before", "after")  # the replay's probes, as run.meta["speed_probe"] keys them
 
 
-async def _measure(base_url: str, model: str, block_size: int, chunk: int, seed: int) -> list[Point]:
+async def _measure(base_url: str, model: str, block_size: int, chunk: int,
+                   seed: int) -> tuple[list[Point], list[str]]:
+    """The points, and the probes that failed. The first request, a 16-token
+    prefill, is a warm-up (a server's first requests pay one-off costs): not kept."""
     prompts = Prompts(seed)
-    points = []
+    points, failed = [], []
     async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=300) as client:
-        await prefill_point(client, model, prompts, 16, 0, block_size, chunk)  # warm-up, not kept
-        for _ in range(REPEATS):
-            for kind, args in PROBES:
+        for i, (kind, args) in enumerate([("prefill", (16, 0)), *PROBES * REPEATS]):
+            try:
                 if kind == "prefill":
-                    points.append(await prefill_point(client, model, prompts, *args, block_size, chunk))
+                    point = await prefill_point(client, model, prompts, *args, block_size, chunk)
                 else:
-                    points.append(await decode_point(client, model, prompts, *args, DECODE_TOKENS,
-                                                     block_size))
-    return points
+                    point = await decode_point(client, model, prompts, *args, DECODE_TOKENS, block_size)
+            except PROBE_ERRORS as exc:
+                failed.append(f"{kind} {args}: {type(exc).__name__}: {exc}")
+                continue
+            if i:
+                points.append(point)
+    return points, failed
 
 
-def probe_speed(base_url: str, *, seed: int) -> list[dict]:
-    """The probe's points on the server at base_url, as JSON (Point.to_json)."""
+def probe_speed(base_url: str, *, seed: int) -> dict:
+    """The probe's points on the server at base_url, as JSON (Point.to_json), and the
+    probes that failed, each with its error: {"points": [...], "failed": [...]}. A
+    failed probe is left out, never the replay's end; `speed_factor` reads what is left."""
     from vllm_continuum.experiments.calibration.server import read_shape
 
     shape = read_shape(base_url, {})
-    points = asyncio.run(_measure(base_url, shape.model, shape.block_size,
-                                  shape.max_num_batched_tokens, seed))
-    return [p.to_json() for p in points]
+    points, failed = asyncio.run(_measure(base_url, shape.model, shape.block_size,
+                                          shape.max_num_batched_tokens, seed))
+    for line in failed:
+        print(f"[speed probe] left out: {line}", flush=True)
+    return {"points": [p.to_json() for p in points], "failed": failed}
 
 
 def coefficients(cost: CostModel) -> dict[str, float]:
@@ -87,9 +98,9 @@ def replay_speed(meta: dict, cost: CostModel) -> dict[str, float] | None:
     """A replay's speed factors (before, after, and both together: the one applied),
     or None for a replay recorded without a probe or a cost model that is not linear."""
     probe = meta.get("speed_probe") or {}
-    if cost.kind != "linear" or not all(probe.get(w) for w in WHEN):
+    if cost.kind != "linear" or not all((probe.get(w) or {}).get("points") for w in WHEN):
         return None
-    out = {w: speed_factor(probe[w], cost) for w in WHEN}
+    out = {w: speed_factor(probe[w]["points"], cost) for w in WHEN}
     out["applied"] = math.sqrt(out["before"] * out["after"])
     return out
 
