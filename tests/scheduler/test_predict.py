@@ -102,6 +102,6 @@ def test_predict_at_the_speed_probed_beside_each_replay(tmp_path):
         m, p = summarize(run), predicted[(run.meta["round"], run.label)]
         assert p["jct_mean_s"] == pytest.approx(m["jct_mean_s"], rel=1e-6), m["label"]
     report = (run_dir / "predict" / "report.md").read_text()
-    assert "speed probe meas / model: before" in report and "| 1 | stock | 1.30x | 1.30x | 1.30x |" in report
+    assert "speed probe meas / model: before" in report and "| 1 | stock | 1.30x | 1.30x | 1.30x | 1.30x |" in report
     assert re.search(r"stock: mean-JCT error by round [-+]0\.0% to [-+]0\.0% \(within 15% in 2 of 2 "
-                     r"rounds\); on the cost model as calibrated, not scaled by the speed probe, -", report)
+                     r"rounds\); on the cost model as calibrated, not scaled by the speed probes, -", report)

@@ -9,7 +9,7 @@ import pytest
 
 from vllm_continuum.experiments.calibration.probes import Point
 from vllm_continuum.experiments.calibration.speed_probe import (
-    modelled_s, replay_speed, scaled, speed_factor)
+    modelled_s, replay_speed, run_speed, scaled, speed_factor)
 from vllm_continuum.experiments.sim.cost_model import CostModel, Linear
 
 COST = CostModel(name="truth", kind="linear", block_size=32, num_gpu_blocks=96, max_num_seqs=64,
@@ -43,7 +43,10 @@ def test_a_replay_is_read_before_and_after():
                             "after": {"points": probe_records(COST, 1.4), "failed": ["decode (4, 512): ..."]}}}
     speed = replay_speed(meta, COST)
     assert speed["before"] == pytest.approx(1.2) and speed["after"] == pytest.approx(1.4)
-    assert speed["applied"] == pytest.approx(math.sqrt(1.2 * 1.4))
+    assert speed["replay"] == pytest.approx(math.sqrt(1.2 * 1.4))
+    # The run's: its replays' together, a replay without a probe left out.
+    assert run_speed([speed, None, {"replay": 1.5}]) == pytest.approx(math.sqrt(math.sqrt(1.2 * 1.4) * 1.5))
+    assert run_speed([None]) is None
     # Recorded without a probe, or half of one: nothing to apply.
     assert replay_speed({}, COST) is None
     assert replay_speed({"speed_probe": {"before": meta["speed_probe"]["before"]}}, COST) is None

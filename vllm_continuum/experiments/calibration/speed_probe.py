@@ -11,12 +11,14 @@ recorded with the replay (`run.meta["speed_probe"]`); they take a few
 seconds, their blocks stay cached (evictable) as the prefill profile's do,
 and they carry no session, so no pin or TTL model learns from them.
 
-`predict` reads them against its cost model: the machine's speed factor is
-the geometric mean, over the points, of measured / the cost model's time
-(each point's repeats by their median, as calibrate combines them), before
-and after the replay together. The cost model's step times and API overhead
-scaled by it are what that replay ran on. The factor is measured beside the
-replay, never fitted to its outcome.
+`predict` reads them against its cost model: a replay's speed factor is the
+geometric mean, over the points, of measured / the cost model's time (each
+point's repeats by their median, as calibrate combines them), before and
+after the replay together; the run's is the geometric mean of its
+replays' (`run_speed`: one replay's probe is noisier than the drift within
+a run). The cost model's step times and API overhead scaled by it are what
+the run ran on. The factor is measured beside the replays, never fitted to
+their outcome.
 """
 
 from __future__ import annotations
@@ -95,14 +97,24 @@ def speed_factor(records: list[dict], cost: CostModel) -> float:
 
 
 def replay_speed(meta: dict, cost: CostModel) -> dict[str, float] | None:
-    """A replay's speed factors (before, after, and both together: the one applied),
-    or None for a replay recorded without a probe or a cost model that is not linear."""
+    """A replay's speed factors (before, after, and both together), or None for a
+    replay recorded without a probe or a cost model that is not linear."""
     probe = meta.get("speed_probe") or {}
     if cost.kind != "linear" or not all((probe.get(w) or {}).get("points") for w in WHEN):
         return None
     out = {w: speed_factor(probe[w]["points"], cost) for w in WHEN}
-    out["applied"] = math.sqrt(out["before"] * out["after"])
+    out["replay"] = math.sqrt(out["before"] * out["after"])
     return out
+
+
+def run_speed(speeds: list[dict[str, float] | None]) -> float | None:
+    """The factor applied to every replay of a run: the geometric mean of its
+    replays' (None where none was probed). One replay's probe is noisy (its before
+    and after differed by up to 1.4x on an idle machine), more than the machine
+    drifts within a run (stock's mean JCT within 1.07-1.10x over its rounds), so
+    the run's probes are read together; each replay's stays in the report."""
+    found = [s["replay"] for s in speeds if s is not None]
+    return statistics.geometric_mean(found) if found else None
 
 
 def scaled(cost: CostModel, factor: float) -> CostModel:

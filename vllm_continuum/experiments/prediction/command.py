@@ -7,9 +7,9 @@ with the scheduler and settings that server had (settings.py) and the API
 overhead added (overhead.py). The cost model's pool and context window are
 set to the run's (`compare --num-blocks`, block size, `--max-model-len`),
 since those are what ran; the report says so when they differed. Where
-compare probed the machine's speed beside a replay, that replay is predicted
-on the cost model scaled by it (calibration/speed_probe.py), and also as
-calibrated, for comparison. The report (tables.py) goes to RUN_DIR/predict/
+compare probed the machine's speed beside its replays, they are predicted on
+the cost model scaled by the speed those probes measured together
+(calibration/speed_probe.py), and also as calibrated, for comparison. The report (tables.py) goes to RUN_DIR/predict/
 (`--out`), with every turn measured beside predicted in turns.csv
 (turns.py), and to docs/results with `--publish`.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vllm_continuum.experiments.calibration.speed_probe import replay_speed, scaled
+from vllm_continuum.experiments.calibration.speed_probe import replay_speed, run_speed, scaled
 from vllm_continuum.experiments.live.rounds import RoundRecord, load_rounds
 from vllm_continuum.experiments.prediction.overhead import as_client_saw, engine_trace
 from vllm_continuum.experiments.prediction.settings import describe, sim_policy
@@ -70,10 +70,10 @@ def _run_setup(run_dir: Path) -> tuple[dict, list[RoundRecord]]:
 def simulate_replays(records: list[RoundRecord], cost: CostModel, run_dir: Path,
                      out_dir: Path) -> tuple[list[Pair], list[str]]:
     """Each replay simulated on its sent trace, paired with what it measured; the notes
-    on how each simulated server differs from the live one. A replay with a speed
-    probe (compare's, calibration/speed_probe.py) is simulated twice: on the cost
-    model as calibrated, and scaled by the machine's speed measured beside it,
-    which is the prediction the tables give."""
+    on how each simulated server differs from the live one. Where compare probed
+    the machine's speed (calibration/speed_probe.py), each replay is simulated
+    twice: on the cost model as calibrated, and scaled by the run's speed (its
+    replays' probes together), which is the prediction the tables give."""
     from vllm_continuum.experiments.sim.run import prepare_profile, simulate
 
     fallback_profile = prepare_profile(cost, out_dir)
@@ -87,19 +87,20 @@ def simulate_replays(records: list[RoundRecord], cost: CostModel, run_dir: Path,
         sim.meta["round"] = rec.round
         return as_client_saw(sim, model.api_overhead_s)
 
-    for rec in tqdm(records, desc="predict", unit="replay"):
+    speeds = [replay_speed(rec.run.meta, cost) for rec in records]
+    factor = run_speed(speeds)
+    at_speed = scaled(cost, factor) if factor is not None else cost
+    if factor is None:
+        notes.append("no speed probe recorded (or the cost model is not linear): predicted on the "
+                     "cost model as calibrated")
+    for rec, speed in zip(tqdm(records, desc="predict", unit="replay"), speeds):
         policy, settings, why = sim_policy(rec.run, run_dir)
-        speed = replay_speed(rec.run.meta, cost)
         as_calibrated = run_on(cost, rec, policy, settings)
-        predicted = run_on(scaled(cost, speed["applied"]), rec, policy, settings) if speed else as_calibrated
-        if speed:
-            predicted.meta["speed"] = speed
+        predicted = run_on(at_speed, rec, policy, settings) if factor is not None else as_calibrated
+        predicted.meta["speed"] = {**(speed or {}), "run": factor}
         pairs.append(Pair(rec.round, rec.label, describe(policy, settings), rec.run, predicted,
-                          as_calibrated if speed else None))
+                          as_calibrated if factor is not None else None))
         notes += why
-        if speed is None:
-            notes.append(f"round {rec.round} {rec.label}: no speed probe recorded (or the cost model "
-                         "is not linear): predicted on the cost model as calibrated")
     return pairs, notes
 
 

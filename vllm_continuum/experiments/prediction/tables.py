@@ -3,9 +3,9 @@
 The first table is what the issue asks the simulator to predict: mean JCT,
 makespan, reuse of the previous prompt, one-shot p99 TTFT, and the stock /
 flavour JCT ratio of the round, each with its error (predicted / measured -
-1), predicted at the machine's speed measured beside each replay where
-compare probed it (speed_table: that speed, and the prediction on the cost
-model as calibrated beside it). The next is where to look when they differ: TTFT of first and of
+1), predicted at the machine's speed its replays' probes measured, where
+compare probed it (speed_table: each replay's and the run's speed, and the
+prediction on the cost model as calibrated beside it). The next is where to look when they differ: TTFT of first and of
 resumed turns (queueing and prefill), decode time per output token (the
 decode step; tool turns apart, since without hints they decode under a
 grammar the simulator does not model), tokens prefilled (what the cache
@@ -92,12 +92,14 @@ def outcome_table(pairs: Sequence[Pair]) -> str:
 
 def speed_table(pairs: Sequence[Pair]) -> str:
     """Per replay: the machine's speed against the cost model, measured right before
-    and after it (measured / modelled time of the probe's points), and the mean JCT
-    predicted on the cost model as calibrated beside the prediction at that speed."""
-    head = ["round", "flavour", "speed probe meas / model: before", "after", "applied",
-            "mean JCT s meas", "pred as calibrated", "error", "pred at the probe's speed", "error"]
-    rows = [[str(q.round), q.label, *(_f(q.predicted.meta["speed"][k], "{:.2f}x")
-                                      for k in ("before", "after", "applied")),
+    and after it (measured / modelled time of the probe's points), the run's (applied
+    to every replay), and the mean JCT predicted as calibrated beside the prediction
+    at the run's speed."""
+    head = ["round", "flavour", "speed probe meas / model: before", "after", "this replay",
+            "the run's (applied)", "mean JCT s meas", "pred as calibrated", "error",
+            "pred at the run's speed", "error"]
+    rows = [[str(q.round), q.label, *(_f(q.predicted.meta["speed"].get(k), "{:.2f}x")
+                                      for k in ("before", "after", "replay", "run")),
              _f(q.m["jct_mean_s"], "{:.2f}"), *_beside(q, "jct_mean_s", "{:.2f}", q.c)[1:],
              *_beside(q, "jct_mean_s", "{:.2f}")[1:]]
             for q in pairs if q.c is not None]
@@ -189,7 +191,7 @@ def _flavour_line(pairs: Sequence[Pair], label: str) -> str:
     line = (f"{label}: mean-JCT error by round {min(errs):+.1%} to {max(errs):+.1%} "
             f"(within {TARGET:.0%} in {within} of {len(errs)} rounds)")
     if calibrated := _jct_errors(mine, "c"):
-        line += (f"; on the cost model as calibrated, not scaled by the speed probe, {min(calibrated):+.1%} "
+        line += (f"; on the cost model as calibrated, not scaled by the speed probes, {min(calibrated):+.1%} "
                  f"to {max(calibrated):+.1%} (within {TARGET:.0%} in {sum(abs(e) <= TARGET for e in calibrated)})")
     bases = [(_stock(pairs, q.round), q) for q in mine if label != STOCK]
     ratios = [(b.m["jct_mean_s"] / q.m["jct_mean_s"], b.p["jct_mean_s"] / q.p["jct_mean_s"])
