@@ -2,8 +2,10 @@
 around each live replay.
 
 A cost model is calibrated once; the shared machine's speed then drifts with
-other people's jobs, by as much as 20% in a few hours, which is as large as
-the error `predict` had to explain. So `compare` runs a few of calibrate's
+other people's jobs, by as much as 20% in a few hours (as large as the error
+`predict` had to explain), and a checkout may run on another machine: one
+ran twice as fast as the morning's calibration (docs/benchmarks.md, "The
+speed probe, a machine twice as fast"). So `compare` runs a few of calibrate's
 probes (probes.py) on the freshly started server right before each replay,
 and again right after it: a cold prefill, a prefill on a cached prefix (a
 resumed turn), and a decode of a few streams, each repeated. The points are
@@ -110,7 +112,7 @@ def replay_speed(meta: dict, cost: CostModel) -> dict[str, float] | None:
 def run_speed(speeds: list[dict[str, float] | None]) -> float | None:
     """The factor applied to every replay of a run: the geometric mean of its
     replays' (None where none was probed). One replay's probe is noisy (its before
-    and after differed by up to 1.4x on an idle machine), more than the machine
+    and after differed by up to 1.35x on an idle machine), more than the machine
     drifts within a run (stock's mean JCT within 1.07-1.10x over its rounds), so
     the run's probes are read together; each replay's stays in the report."""
     found = [s["replay"] for s in speeds if s is not None]
