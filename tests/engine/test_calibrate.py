@@ -24,7 +24,7 @@ def test_calibrate_writes_a_cost_model_the_simulator_runs(live_servers, tmp_path
     flags = {"num_gpu_blocks": 7, "block_size": None, "max_num_seqs": None,
              "max_num_batched_tokens": 512, "max_model_len": None}
     assert run_calibrate(server.base_url, out, flags=flags, lengths=[16, 256, 1000], batches=[1, 4],
-                         contexts=[64, 512], repeats=1, decode_tokens=12,
+                         contexts=[64, 512], repeats=1, decode_tokens=48,
                          command="vllm-continuum calibrate (test)") == 0
     cost = load_cost_model(out)
     data = yaml.safe_load(out.read_text())
@@ -37,9 +37,16 @@ def test_calibrate_writes_a_cost_model_the_simulator_runs(live_servers, tmp_path
     assert cal["command"] == "vllm-continuum calibrate (test)" and cal["machine"]["cpu_count"]
     assert "inter-token" in cost.description and "time to first token" in cost.description
     kinds = [p["kind"] for p in cal["points"]]
-    # 3 cold lengths, 2 prefills on a cached prefix, 4 decode points (all fit the
-    # pool); a probe that failed (on a loaded machine) is listed in not_measured.
-    assert kinds.count("prefill") == 5 and kinds.count("decode") == 4, cal["not_measured"]
+    # 3 cold lengths, 2 prefills on a cached prefix, 4 decode points and 2 under a
+    # grammar (all fit the pool). A decode whose streams never ran side by side
+    # (the API server staggered them: seen on a loaded machine and on a fast one)
+    # is listed in not_measured, never the command's end; prefills always measure.
+    failed = cal["not_measured"]
+    failed_decodes = [f for f in failed if f.startswith("decode ")]
+    failed_guided = [f for f in failed if f.startswith("decode-guided ")]
+    assert len(failed) == len(failed_decodes) + len(failed_guided), failed
+    assert kinds.count("prefill") == 5, failed
+    assert kinds.count("decode") + len(failed_decodes) == 4 and kinds.count("decode") >= 2, failed
     chunked = next(p for p in cal["points"] if p["params"] == {"n": 1000, "cached": 0})
     assert len(chunked["steps"]) == 2  # 1000 tokens at 512 a step
     extended = [p for p in cal["points"] if p["kind"] == "prefill" and p["params"]["cached"]]
@@ -47,7 +54,7 @@ def test_calibrate_writes_a_cost_model_the_simulator_runs(live_servers, tmp_path
     assert all(p["measured_s"] > 0 and math.isfinite(p["fitted_s"]) for p in cal["points"])
     # Under a grammar, at the shortest context: reported beside the fit, not in it.
     guided = cal["guided_decode"]
-    assert sorted(p["params"]["batch"] for p in guided) == [1, 4]
+    assert len(guided) + len(failed_guided) == 2 and guided, failed
     assert all(p["kind"] == "decode-guided" and p["measured_s"] > 0 and p["params"]["context"] == 64
                for p in guided)
     assert set(cal["fit_error"]) == {"prefill", "decode", "all"}
