@@ -9,9 +9,10 @@ set to the run's (`compare --num-blocks`, block size, `--max-model-len`),
 since those are what ran; the report says so when they differed. Where
 compare probed the machine's speed beside its replays, they are predicted on
 the cost model scaled by the speed those probes measured together
-(calibration/speed_probe.py), and also as calibrated, for comparison. The report (tables.py) goes to RUN_DIR/predict/
-(`--out`), with every turn measured beside predicted in turns.csv
-(turns.py), and to docs/results with `--publish`.
+(calibration/speed_probe.py), and also as calibrated, for comparison. The
+report (tables.py) goes to RUN_DIR/predict/ (`--out`), with every turn
+measured beside predicted in turns.csv (turns.py), and to docs/results with
+`--publish`.
 """
 
 from __future__ import annotations
@@ -89,17 +90,17 @@ def simulate_replays(records: list[RoundRecord], cost: CostModel, run_dir: Path,
 
     speeds = [replay_speed(rec.run.meta, cost) for rec in records]
     factor = run_speed(speeds)
-    at_speed = scaled(cost, factor) if factor is not None else cost
     if factor is None:
         notes.append("no speed probe recorded (or the cost model is not linear): predicted on the "
                      "cost model as calibrated")
+    at_speed = cost if factor is None else scaled(cost, factor)
     for rec, speed in zip(tqdm(records, desc="predict", unit="replay"), speeds):
         policy, settings, why = sim_policy(rec.run, run_dir)
-        as_calibrated = run_on(cost, rec, policy, settings)
-        predicted = run_on(at_speed, rec, policy, settings) if factor is not None else as_calibrated
+        predicted = run_on(at_speed, rec, policy, settings)
         predicted.meta["speed"] = {**(speed or {}), "run": factor}
+        as_calibrated = None if factor is None else run_on(cost, rec, policy, settings)
         pairs.append(Pair(rec.round, rec.label, describe(policy, settings), rec.run, predicted,
-                          as_calibrated if factor is not None else None))
+                          as_calibrated))
         notes += why
     return pairs, notes
 
