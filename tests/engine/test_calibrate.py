@@ -68,8 +68,8 @@ def test_calibrate_writes_a_cost_model_the_simulator_runs(live_servers, tmp_path
 @pytest.mark.engine
 def test_the_speed_probe_measures_what_it_says(live_servers):
     """compare's probe beside each replay (calibration/speed_probe.py): its points are
-    calibrate's, the resumed prefill finds its prefix, the decode streams run side by
-    side, and a cost model reads them into one finite factor."""
+    calibrate's, the resumed prefill finds its prefix, a decode point is timed at the
+    batch that ran side by side, and a cost model reads them into one finite factor."""
     from vllm_continuum.experiments.calibration.speed_probe import PROBES, REPEATS, probe_speed, speed_factor
     from vllm_continuum.experiments.sim.cost_model import load_cost_model
 
@@ -83,8 +83,12 @@ def test_the_speed_probe_measures_what_it_says(live_servers):
     assert all(r["measured_s"] > 0 for r in records)
     resumed = [r for r in records if r["kind"] == "prefill" and r["params"]["cached"]]
     assert all(r["detail"]["cache_hit_tokens"] == 1024 for r in resumed)
+    # The step a decode point times holds as many decodes as ran side by side: all 4,
+    # unless the API server staggered the streams (seen in CI), and the factor reads
+    # the point at what it held, not at what was asked.
     decode = [r for r in records if r["kind"] == "decode"]
-    assert all(r["params"] == {"batch": 4, "context": 512} and r["detail"]["batch_decoding"] == 4
-               for r in decode)
+    assert all(r["params"] == {"batch": 4, "context": 512} for r in decode)
+    assert all(1 <= r["detail"]["batch_decoding"] <= 4 and r["steps"] == [
+        [[1, r["detail"]["context_mid"], r["detail"]["batch_decoding"]]]] for r in decode)
     factor = speed_factor(records, load_cost_model("cpu-bench-2l-quiet"))
     assert math.isfinite(factor) and factor > 0
