@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from vllm_continuum.experiments.live.replay import replay
-from vllm_continuum.experiments.live.server_counters import continuum_counters
+from vllm_continuum.experiments.live.server_counters import continuum_counters, engine_preemptions
 from vllm_continuum.experiments.trace_format import Program, Trace, Turn
 
 
@@ -46,6 +46,10 @@ def test_without_hints_continuum_reads_the_tool_calls_and_pins(live_servers):
     assert 30 <= by_key[("a", 0)].output_tokens <= 60, by_key[("a", 0)]
     assert by_key[("a", 2)].output_tokens == 6 and run.one_shot[0].output_tokens == 4
 
+    # vLLM's own preemption counter, which compare reads around every replay:
+    # exported by the real server, and still on a pool these few turns fit.
+    preempted = engine_preemptions(live_servers["stock"].base_url)
     stock = replay(live_servers["stock"].base_url, trace, hints="none", progress=False)
     assert not stock.errors, stock.errors
     assert len(stock.turns) == 5 and len(stock.one_shot) == 1
+    assert preempted is not None and engine_preemptions(live_servers["stock"].base_url) == preempted

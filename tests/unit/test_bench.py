@@ -141,7 +141,8 @@ def test_new_tokens_are_distinct_and_stable():
 
 def test_server_counters_from_a_known_exposition(monkeypatch):
     """What `compare` prints of a continuum server's /metrics: tool calls read (the
-    TTL histogram's count by tool), pins, resumes and releases; nothing for stock."""
+    TTL histogram's count by tool), pins, resumes and releases; nothing for stock.
+    And what it records of every server's: vLLM's preemptions."""
     import httpx
 
     from vllm_continuum.experiments.live import server_counters
@@ -162,6 +163,9 @@ def test_server_counters_from_a_known_exposition(monkeypatch):
         'continuum_pin_releases_total{model_name="m",reason="expired"} 1.0',
         "# TYPE vllm_num_requests_running gauge",
         'vllm_num_requests_running{model_name="m"} 0.0',
+        "# TYPE vllm:num_preemptions counter",
+        'vllm:num_preemptions_total{engine="0",model_name="m"} 4.0',
+        'vllm:num_preemptions_total{engine="1",model_name="m"} 1.0',
         "",
     ])
     pages = {"http://c/metrics": text, "http://s/metrics": text.split("# TYPE continuum_ttl")[0]
@@ -175,3 +179,6 @@ def test_server_counters_from_a_known_exposition(monkeypatch):
         "continuum server: read 5 tool calls (grep 3, search 2), pinned 3; "
         "resumed turns: pinned 2, unpinned 1; pin releases: expired 1")
     assert server_counters.continuum_counters("http://s") == {}
+    # vLLM's preemptions, over its engines; none from a server that does not export them.
+    assert server_counters.engine_preemptions("http://c/") == 5
+    assert server_counters.engine_preemptions("http://s") is None

@@ -41,7 +41,8 @@ from vllm_continuum.experiments.live.flavours import (
 from vllm_continuum.experiments.live.replay import replay
 from vllm_continuum.experiments.live.round_report import round_outcomes, round_table
 from vllm_continuum.experiments.live.rounds import save_round
-from vllm_continuum.experiments.live.server_counters import continuum_counters, counters_line
+from vllm_continuum.experiments.live.server_counters import (
+    continuum_counters, counters_line, engine_preemptions)
 from vllm_continuum.experiments.live.turn_body import HINTS_ALL
 from vllm_continuum.experiments.machine import CpuMeter, load_average
 from vllm_continuum.experiments.publish import publish_report
@@ -205,14 +206,19 @@ def run_compare(
             # (calibration/speed_probe.py), which predict scales its cost model by.
             speed = {"before": probe_speed(server.base_url, seed=round_no)}
             load_before = load_average()
+            preempted_before = engine_preemptions(server.base_url)
             cpu = CpuMeter(server.process.pid)  # its own session: sid == pid
             run = replay(server.base_url, trace, label=name, time_scale=time_scale,
                          seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-",
                          hints=hints)
             # How busy the machine was (1-minute load average, before and after): the
             # other engineers' jobs share these cores, and predict shows it per replay.
+            # And vLLM's preemptions during the replay: prefill the client cannot see.
+            preempted = engine_preemptions(server.base_url)
             run.meta.update({"round": round_no + 1, "flavour": name,
-                             "load_average": [load_before, load_average()], "cpu": cpu.read()})
+                             "load_average": [load_before, load_average()], "cpu": cpu.read(),
+                             "preemptions": None if None in (preempted, preempted_before)
+                             else preempted - preempted_before})
             speed["after"] = probe_speed(server.base_url, seed=1000 + round_no)
             run.meta["speed_probe"] = speed
             if flavour.server == "continuum":

@@ -1,4 +1,4 @@
-"""What a continuum server says it did during a replay, from its `/metrics`.
+"""What a server says it did during a replay, from its `/metrics`.
 
 Without client hints the server must read each tool call from the output
 itself; its own counters show whether it did: how many finished tool-call
@@ -6,6 +6,11 @@ turns it decided a TTL for (the TTL histogram's count, by tool), how many of
 those it pinned, and how the resumed turns found their session (pinned or
 not). `compare` scrapes them when a continuum flavour's replay ends, before
 the server stops, and prints them beside the client's figures.
+
+One of vLLM's own counters is read from every server, stock's too: its
+preemptions. A request preempted under pool pressure is prefilled again,
+which the client's usage (prompt minus cached tokens) never shows, so
+`predict` sets the live count beside the simulator's.
 """
 
 from __future__ import annotations
@@ -16,28 +21,41 @@ import httpx
 
 from vllm_continuum.metrics.names import PIN_RELEASES, PINS, RESUMES, TTL_SECONDS
 
+VLLM_PREEMPTIONS = "vllm:num_preemptions"  # vLLM's counter (v1/metrics/loggers.py)
 
-def continuum_counters(base_url: str, timeout_s: float = 10.0) -> dict:
-    """The server's totals: tool calls read (by tool), pins, resumes by outcome,
-    pin releases by reason. Empty on a server without continuum's metrics."""
+
+def _samples(base_url: str, timeout_s: float):
     from prometheus_client.parser import text_string_to_metric_families
 
     response = httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout_s)
     response.raise_for_status()
+    for family in text_string_to_metric_families(response.text):
+        yield from family.samples
+
+
+def engine_preemptions(base_url: str, timeout_s: float = 10.0) -> int | None:
+    """vLLM's preemptions so far, over its engines (a difference of two reads is a
+    replay's); None from a server that does not export the counter."""
+    counts = [s.value for s in _samples(base_url, timeout_s) if s.name == f"{VLLM_PREEMPTIONS}_total"]
+    return int(sum(counts)) if counts else None
+
+
+def continuum_counters(base_url: str, timeout_s: float = 10.0) -> dict:
+    """The server's totals: tool calls read (by tool), pins, resumes by outcome,
+    pin releases by reason. Empty on a server without continuum's metrics."""
     calls: Counter[str] = Counter()
     resumes: Counter[str] = Counter()
     releases: Counter[str] = Counter()
     pins = 0.0
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            if sample.name == f"{TTL_SECONDS}_count":
-                calls[sample.labels.get("tool", "")] += sample.value
-            elif sample.name == f"{PINS}_total":
-                pins += sample.value
-            elif sample.name == f"{RESUMES}_total":
-                resumes[sample.labels.get("outcome", "")] += sample.value
-            elif sample.name == f"{PIN_RELEASES}_total":
-                releases[sample.labels.get("reason", "")] += sample.value
+    for sample in _samples(base_url, timeout_s):
+        if sample.name == f"{TTL_SECONDS}_count":
+            calls[sample.labels.get("tool", "")] += sample.value
+        elif sample.name == f"{PINS}_total":
+            pins += sample.value
+        elif sample.name == f"{RESUMES}_total":
+            resumes[sample.labels.get("outcome", "")] += sample.value
+        elif sample.name == f"{PIN_RELEASES}_total":
+            releases[sample.labels.get("reason", "")] += sample.value
     if not calls and not pins and not resumes:
         return {}
     return {"tool_calls_read": _as_ints(calls), "pins": int(pins), "resumes": _as_ints(resumes),

@@ -9,7 +9,8 @@ prediction on the cost model as calibrated beside it). The next is where to look
 resumed turns (queueing and prefill), decode time per output token (the
 decode step; tool turns apart, since without hints they decode under a
 grammar the simulator does not model), tokens prefilled (what the cache
-kept), and the median per-turn TTFT ratio. Then per flavour over the rounds:
+kept, by the client's count), preemptions (the engine's, which the client's
+count of prefilled tokens does not see), and the median per-turn TTFT ratio. Then per flavour over the rounds:
 the JCT error's range (both ways, where probed), whether the predicted ratio to stock is on the
 measured side of 1, and how far stock itself moved between rounds (measured
 and predicted), the noise any error must be read against.
@@ -151,7 +152,7 @@ def diagnosis_table(pairs: Sequence[Pair]) -> str:
     head = ["round", "flavour", "first-turn TTFT s meas", "pred", "resumed-turn TTFT s meas", "pred",
             "decode s/token, tool turns meas", "pred", "other turns meas", "pred",
             "tokens prefilled meas", "pred", "turn TTFT pred/meas (median)",
-            "sim: preemptions, KV pool used", "load avg before, after", "cores used (mean)"]
+            "preemptions meas", "pred", "sim: KV pool used", "load avg before, after", "cores used (mean)"]
     rows = []
     for q in pairs:
         meta = q.predicted.meta
@@ -163,7 +164,9 @@ def diagnosis_table(pairs: Sequence[Pair]) -> str:
               for r in (q.measured, q.predicted)),
             str(q.m["prefilled_tokens"]), str(q.p["prefilled_tokens"]),
             _f(_turn_ttft_ratio(q), "{:.2f}x"),
-            f"{meta.get('preemptions', '')}, {_f(meta.get('pool_usage_mean', float('nan')), '{:.0%}')}",
+            *(str(r.meta["preemptions"]) if r.meta.get("preemptions") is not None else ""
+              for r in (q.measured, q.predicted)),
+            _f(meta.get("pool_usage_mean", float("nan")), "{:.0%}"),
             ", ".join(str(x) for x in q.measured.meta.get("load_average", [])),
             cores_used(q.measured.meta.get("cpu"))])
     return table(head, rows)
