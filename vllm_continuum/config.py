@@ -313,6 +313,8 @@ def config_from_vllm(vllm_config: object) -> ContinuumConfig:
     return load_config(section.pop(CONFIG_FILE_KEY, None), **section)
 
 
-def additional_config_arg(settings: Mapping[str, object]) -> list[str]:
-    """The `vllm serve` arguments that pass `settings` to the plugin."""
-    return ["--additional-config", json.dumps({ADDITIONAL_CONFIG_KEY: dict(settings)})]
+def additional_config_arg(settings: Mapping[str, object] | None, **other: object) -> list[str]:
+    """The `vllm serve` arguments that pass `settings` to the plugin (None: no
+    continuum section), with `other` top-level keys beside it; none if empty."""
+    config = ({ADDITIONAL_CONFIG_KEY: dict(settings)} if settings is not None else {}) | other
+    return ["--additional-config", json.dumps(config)] if config else []

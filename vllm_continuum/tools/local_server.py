@@ -151,9 +151,11 @@ def flavour_server(
     settings: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
+    step_log: Path | None = None,
 ) -> VLLMServer:
     """A CPU server that is stock vLLM or continuum and otherwise identical;
-    `settings` go to continuum through `--additional-config`."""
+    `settings` go to continuum through `--additional-config`. `step_log`: its
+    scheduler records every step to that file (experiments/live/step_log.py)."""
     if flavour not in ("stock", "continuum"):
         raise ValueError(f"unknown server flavour {flavour!r}")
     # vLLM refuses a max_model_len the pool cannot hold (one block is its null block).
@@ -164,8 +166,17 @@ def flavour_server(
         "--max-model-len", str(max_model_len),
         *extra_args,
     ]
-    if flavour == "continuum":
-        args += ["--scheduler-cls", "continuum", *additional_config_arg(settings or {})]
+    continuum = (settings or {}) if flavour == "continuum" else None
+    scheduler = "continuum" if continuum is not None else None
+    recording = {}
+    if step_log is not None:
+        from vllm_continuum.experiments.live.step_log import RECORDERS, STEP_LOG_KEY
+
+        recording = {STEP_LOG_KEY: str(step_log)}
+        scheduler = RECORDERS[flavour]
+    if scheduler:
+        args += ["--scheduler-cls", scheduler]
+    args += additional_config_arg(continuum, **recording)
     log_dir.mkdir(parents=True, exist_ok=True)
     return VLLMServer(
         model, args, env=dict(env or {}), log_path=log_dir / f"{flavour}.log", name=flavour

@@ -33,7 +33,7 @@ def _compare(args: argparse.Namespace) -> int:
         num_programs=args.programs, rate=args.rate, seed=args.seed,
         time_scale=args.time_scale, prefill_profile=args.prefill_profile,
         repeats=args.repeats, hints=args.hints, continuum_settings=args.continuum_settings,
-        command=command_line(), publish=args.publish,
+        step_log=args.step_log, command=command_line(), publish=args.publish,
     )
 
 
@@ -92,6 +92,10 @@ def register(subparsers) -> None:
                    help="continuum settings for every continuum flavour, over the benchmark's "
                         "and the flavour's own, e.g. '{\"pin_cost\": \"pressure\"}' "
                         "(docs/configuration.md)")
+    p.add_argument("--step-log", action="store_true",
+                   help="each server's scheduler records every step it runs (what it held, how "
+                        "long it took) to OUT/steps/; `predict` sets them beside the cost model "
+                        "(experiments/live/step_log.py)")
     p.add_argument("--out", type=Path, default=Path("runs/compare"))
     publish_arg(p)
     p.set_defaults(run=_compare)

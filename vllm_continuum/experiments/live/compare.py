@@ -141,6 +141,7 @@ def run_compare(
     repeats: int = 1,
     hints: str = HINTS_ALL,
     continuum_settings: dict | None = None,
+    step_log: bool = False,
     command: str = "",
     publish: str | None = None,
 ) -> int:
@@ -190,9 +191,13 @@ def run_compare(
         if flavour.server == "continuum":
             settings = {**COMMON_CONTINUUM_SETTINGS, **flavour.settings,
                         **(continuum_settings or {}), "prefill_profile": str(profile_path)}
+        steps_path = out_dir / "steps" / f"r{round_no + 1}-{name}.jsonl" if step_log else None
+        if steps_path is not None:
+            steps_path.parent.mkdir(parents=True, exist_ok=True)
+            steps_path.unlink(missing_ok=True)
         server = flavour_server(
             flavour.server, model, out_dir / "logs", num_blocks=num_blocks,
-            settings=settings, extra_args=extra_args,
+            settings=settings, extra_args=extra_args, step_log=steps_path,
         )
         server.log_path = out_dir / "logs" / f"{name}.log"
         server.name = name
@@ -208,13 +213,17 @@ def run_compare(
             load_before = load_average()
             preempted_before = engine_preemptions(server.base_url)
             cpu = CpuMeter(server.process.pid)  # its own session: sid == pid
+            window = [time.perf_counter()]  # the replay's steps in the step log (not the probes')
             run = replay(server.base_url, trace, label=name, time_scale=time_scale,
                          seed=trace.meta.get("seed", 0), session_prefix=f"{name}-{int(time.time())}-",
                          hints=hints)
             # How busy the machine was (1-minute load average, before and after): the
             # other engineers' jobs share these cores, and predict shows it per replay.
             # And vLLM's preemptions during the replay: prefill the client cannot see.
+            window.append(time.perf_counter())
             preempted = engine_preemptions(server.base_url)
+            if steps_path is not None:
+                run.meta["step_log"] = {"path": str(steps_path.relative_to(out_dir)), "window": window}
             run.meta.update({"round": round_no + 1, "flavour": name,
                              "load_average": [load_before, load_average()], "cpu": cpu.read(),
                              "preemptions": None if None in (preempted, preempted_before)

@@ -57,13 +57,15 @@ def new_scheduler(
     enable_prefix_caching: bool = True,
     sliding_window: int | None = None,
     kv_transfer_config=None,
+    additional_config: dict | None = None,
     **scheduler_kwargs,
 ):
     """A scheduler of class `cls` (vLLM's or ours) over a KV pool of `num_blocks`;
     `scheduler_kwargs` go to the class (e.g. `continuum_config=`, `continuum_clock=`).
     `sliding_window`: a hybrid model, a full-attention KV cache group and a
     sliding-window one of that many tokens sharing the pool. `kv_transfer_config`:
-    vLLM's `KVTransferConfig` of a KV connector (the scheduler side only runs)."""
+    vLLM's `KVTransferConfig` of a KV connector (the scheduler side only runs).
+    `additional_config`: `--additional-config`'s object, as the server would pass it."""
     import torch
     from vllm.config import (
         CacheConfig,
@@ -97,6 +99,7 @@ def new_scheduler(
         cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
         kv_transfer_config=kv_transfer_config,
+        additional_config=additional_config or {},
     )
     cache_config.num_gpu_blocks = num_blocks
     # vLLM's CPU platform turns async scheduling off whatever was asked; the
