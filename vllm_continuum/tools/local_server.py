@@ -151,11 +151,14 @@ def flavour_server(
     settings: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
-    step_log: Path | None = None,
+    scheduler_cls: str | None = None,
+    additional_config: Mapping[str, object] | None = None,
 ) -> VLLMServer:
     """A CPU server that is stock vLLM or continuum and otherwise identical;
-    `settings` go to continuum through `--additional-config`. `step_log`: its
-    scheduler records every step to that file (experiments/live/step_log.py)."""
+    `settings` go to continuum through `--additional-config`. `scheduler_cls`
+    replaces the flavour's scheduler (a subclass that records its steps:
+    experiments/step_recorder.py), and `additional_config` adds top-level
+    keys beside continuum's section (the file it records to)."""
     if flavour not in ("stock", "continuum"):
         raise ValueError(f"unknown server flavour {flavour!r}")
     # vLLM refuses a max_model_len the pool cannot hold (one block is its null block).
@@ -167,16 +170,10 @@ def flavour_server(
         *extra_args,
     ]
     continuum = (settings or {}) if flavour == "continuum" else None
-    scheduler = "continuum" if continuum is not None else None
-    recording = {}
-    if step_log is not None:
-        from vllm_continuum.experiments.live.step_log import RECORDERS, STEP_LOG_KEY
-
-        recording = {STEP_LOG_KEY: str(step_log)}
-        scheduler = RECORDERS[flavour]
+    scheduler = scheduler_cls or ("continuum" if continuum is not None else None)
     if scheduler:
         args += ["--scheduler-cls", scheduler]
-    args += additional_config_arg(continuum, **recording)
+    args += additional_config_arg(continuum, **(additional_config or {}))
     log_dir.mkdir(parents=True, exist_ok=True)
     return VLLMServer(
         model, args, env=dict(env or {}), log_path=log_dir / f"{flavour}.log", name=flavour

@@ -95,7 +95,7 @@ def register(subparsers) -> None:
     p.add_argument("--step-log", action="store_true",
                    help="each server's scheduler records every step it runs (what it held, how "
                         "long it took) to OUT/steps/; `predict` sets them beside the cost model "
-                        "(experiments/live/step_log.py)")
+                        "(experiments/step_log.py)")
     p.add_argument("--out", type=Path, default=Path("runs/compare"))
     publish_arg(p)
     p.set_defaults(run=_compare)

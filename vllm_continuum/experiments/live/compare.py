@@ -46,6 +46,7 @@ from vllm_continuum.experiments.live.server_counters import (
 from vllm_continuum.experiments.live.turn_body import HINTS_ALL
 from vllm_continuum.experiments.machine import CpuMeter, load_average
 from vllm_continuum.experiments.publish import publish_report
+from vllm_continuum.experiments.step_log import RECORDERS, STEP_LOG_KEY
 from vllm_continuum.experiments.report import markdown_table, plot_runs, ratio, summarize, write_runs
 from vllm_continuum.experiments.results import RunResult
 from vllm_continuum.experiments.workload_spec import load_trace, trace_for_run
@@ -195,9 +196,11 @@ def run_compare(
         if steps_path is not None:
             steps_path.parent.mkdir(parents=True, exist_ok=True)
             steps_path.unlink(missing_ok=True)
+        recording = {} if steps_path is None else {
+            "scheduler_cls": RECORDERS[flavour.server], "additional_config": {STEP_LOG_KEY: str(steps_path)}}
         server = flavour_server(
             flavour.server, model, out_dir / "logs", num_blocks=num_blocks,
-            settings=settings, extra_args=extra_args, step_log=steps_path,
+            settings=settings, extra_args=extra_args, **recording,
         )
         server.log_path = out_dir / "logs" / f"{name}.log"
         server.name = name

@@ -11,7 +11,7 @@ import time
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_continuum.adapter.scheduler import ContinuumScheduler
-from vllm_continuum.experiments.live.step_log import STEP_LOG_KEY
+from vllm_continuum.experiments.step_log import STEP_LOG_KEY
 
 
 class StepRecording:

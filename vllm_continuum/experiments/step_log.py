@@ -16,27 +16,23 @@ file is named by `--additional-config`'s `step_log`. The CPU build of vLLM
 schedules synchronously (vllm/platforms/cpu.py), so one step's schedule and
 update bracket its forward pass; under async scheduling they would not.
 
-`summarize_steps` reads a log against a cost model: per kind of step
-(decode only, prefill only, mixed), the count, the time measured and
-modelled, and their ratio.
+`predict` reads a log against its cost model (prediction/step_speed.py).
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
-from vllm_continuum.experiments.sim.cost_model import CostModel
 
 STEP_LOG_KEY = "step_log"  # --additional-config's key: the file to record to
 
 
 # `--scheduler-cls` of a server that records, by server kind (step_recorder.py).
 RECORDERS = {
-    "stock": "vllm_continuum.experiments.live.step_recorder.StockStepRecorder",
-    "continuum": "vllm_continuum.experiments.live.step_recorder.ContinuumStepRecorder",
+    "stock": "vllm_continuum.experiments.step_recorder.StockStepRecorder",
+    "continuum": "vllm_continuum.experiments.step_recorder.ContinuumStepRecorder",
 }
 
 
@@ -58,27 +54,3 @@ def step_kind(batch: Iterable[list[int]]) -> str:
         else:
             prefills += 1
     return "mixed" if decodes and prefills else ("decode" if decodes else "prefill")
-
-
-def summarize_steps(steps: list[dict], cost: CostModel) -> dict[str, dict]:
-    """Per kind of step and over all: count, measured seconds (step, and cycle
-    where the next step followed), modelled seconds, and the median ratio."""
-    groups: dict[str, list[dict]] = {}
-    for step in steps:
-        groups.setdefault(step_kind(step["batch"]), []).append(step)
-    groups["all"] = steps
-    out = {}
-    for kind, group in groups.items():
-        modelled = [cost.step_time([tuple(r) for r in s["batch"]]) for s in group]
-        measured = [s["step_s"] for s in group]
-        cycled = [(s["cycle_s"], m) for s, m in zip(group, modelled) if "cycle_s" in s]
-        out[kind] = {
-            "steps": len(group),
-            "tokens": sum(n for s in group for n, _ in s["batch"]),
-            "measured_s": sum(measured),
-            "cycle_s": sum(c for c, _ in cycled),
-            "modelled_s": sum(modelled),
-            "step_over_model_median": statistics.median(a / b for a, b in zip(measured, modelled)) if group else float("nan"),
-            "cycle_over_model_median": statistics.median(c / m for c, m in cycled) if cycled else float("nan"),
-        }
-    return out
