@@ -9,7 +9,10 @@ set to the run's (`compare --num-blocks`, block size, `--max-model-len`),
 since those are what ran; the report says so when they differed. Where
 compare probed the machine's speed beside its replays, they are predicted on
 the cost model scaled by the speed those probes measured together
-(calibration/speed_probe.py), and also as calibrated, for comparison. The
+(calibration/speed_probe.py), and also as calibrated, for comparison. Where
+compare recorded every step the server ran (`--step-log`), each replay is
+also predicted at the speed of its own steps (step_speed.py): what is left
+of that error is the simulator's schedule, not the step model. The
 report (tables.py) goes to RUN_DIR/predict/ (`--out`), with every turn
 measured beside predicted in turns.csv (turns.py), and to docs/results with
 `--publish`.
@@ -26,8 +29,9 @@ from vllm_continuum.experiments.calibration.speed_probe import replay_speed, run
 from vllm_continuum.experiments.live.rounds import RoundRecord, load_rounds
 from vllm_continuum.experiments.prediction.overhead import as_client_saw, engine_trace
 from vllm_continuum.experiments.prediction.settings import describe, sim_policy
+from vllm_continuum.experiments.prediction.step_speed import replay_steps, summarize_steps
 from vllm_continuum.experiments.prediction.tables import (
-    Pair, diagnosis_table, outcome_table, speed_table, summary_lines)
+    Pair, diagnosis_table, outcome_table, speed_table, steps_table, summary_lines)
 from vllm_continuum.experiments.prediction.turns import write_turns
 from vllm_continuum.experiments.publish import emit_report
 from vllm_continuum.experiments.report import write_runs
@@ -99,8 +103,14 @@ def simulate_replays(records: list[RoundRecord], cost: CostModel, run_dir: Path,
         predicted = run_on(at_speed, rec, policy, settings)
         predicted.meta["speed"] = {**(speed or {}), "run": factor}
         as_calibrated = None if factor is None else run_on(cost, rec, policy, settings)
+        at_steps = None
+        if steps := replay_steps(rec.run.meta, run_dir):
+            own = summarize_steps(steps, cost)
+            at_steps = run_on(scaled(cost, own["all"]["measured_s"] / own["all"]["modelled_s"]),
+                              rec, policy, settings)
+            at_steps.meta["live_steps"] = own
         pairs.append(Pair(rec.round, rec.label, describe(policy, settings), rec.run, predicted,
-                          as_calibrated))
+                          as_calibrated, at_steps))
         notes += why
     return pairs, notes
 
@@ -127,6 +137,9 @@ def run_predict(run_dir: Path, cost_model: str, *, out_dir: Path | None = None,
         "", outcome_table(pairs), "",
         *(["The machine's speed beside each replay (compare's speed probe), and what it changes:", "",
            speeds, ""] if (speeds := speed_table(pairs)) else []),
+        *(["Every step the server ran (compare --step-log) beside the simulator's, and the "
+           "prediction at the speed of the replay's own steps:", "", steps, ""]
+          if (steps := steps_table(pairs)) else []),
         "Where they differ:", "", diagnosis_table(pairs), "",
         *summary_lines(pairs),
     ]

@@ -13,9 +13,10 @@ modelled time, live and simulated, show that directly.
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from vllm_continuum.experiments.sim.cost_model import CostModel
-from vllm_continuum.experiments.step_log import step_kind
+from vllm_continuum.experiments.step_log import read_steps, step_kind
 
 
 def summarize_steps(steps: list[dict], cost: CostModel) -> dict[str, dict]:
@@ -42,7 +43,10 @@ def summarize_steps(steps: list[dict], cost: CostModel) -> dict[str, dict]:
     return out
 
 
-def step_speed(steps: list[dict], cost: CostModel) -> float:
-    """The replay's steps' measured time over the cost model's for the same batches."""
-    summary = summarize_steps(steps, cost)["all"]
-    return summary["measured_s"] / summary["modelled_s"] if summary["modelled_s"] else float("nan")
+def replay_steps(meta: dict, run_dir: Path) -> list[dict] | None:
+    """One replay's steps (its step log within the replay's window, not the speed
+    probes'), or None where compare recorded none."""
+    log = meta.get("step_log")
+    if not log or not (path := Path(run_dir) / log["path"]).is_file():
+        return None
+    return read_steps(path, *log["window"]) or None

@@ -1,19 +1,26 @@
 """Predicted beside measured, per round and flavour, and what tells them apart.
 
-The first table is what the issue asks the simulator to predict: mean JCT,
-makespan, reuse of the previous prompt, one-shot p99 TTFT, and the stock /
-flavour JCT ratio of the round, each with its error (predicted / measured -
-1), predicted at the machine's speed its replays' probes measured, where
-compare probed it (speed_table: each replay's and the run's speed, and the
-prediction on the cost model as calibrated beside it). The next is where to look when they differ: TTFT of first and of
-resumed turns (queueing and prefill), decode time per output token (the
-decode step; tool turns apart, since without hints they decode under a
-grammar the simulator does not model), tokens prefilled (what the cache
-kept, by the client's count), preemptions (the engine's, which the client's
-count of prefilled tokens does not see), and the median per-turn TTFT ratio. Then per flavour over the rounds:
-the JCT error's range (both ways, where probed), whether the predicted ratio to stock is on the
-measured side of 1, and how far stock itself moved between rounds (measured
-and predicted), the noise any error must be read against.
+- outcome_table: what the issue asks the simulator to predict: mean JCT,
+  makespan, reuse of the previous prompt, one-shot p99 TTFT, and the stock /
+  flavour JCT ratio of the round, each with its error (predicted / measured
+  - 1), predicted at the machine's speed its replays' probes measured, where
+  compare probed it;
+- speed_table: each replay's and the run's probed speed, and the prediction
+  on the cost model as calibrated beside it;
+- steps_table, where compare logged every step: the steps the server ran
+  beside the simulator's, the speed it ran them at, and the prediction at
+  that speed;
+- diagnosis_table, where to look when they differ: TTFT of first and of
+  resumed turns (queueing and prefill), decode time per output token (the
+  decode step; tool turns apart, since without hints they decode under a
+  grammar the simulator does not model), tokens prefilled (what the cache
+  kept, by the client's count), preemptions (the engine's, which the
+  client's count of prefilled tokens does not see), and the median per-turn
+  TTFT ratio;
+- summary_lines, per flavour over the rounds: the JCT error's range (each
+  way it was predicted), whether the predicted ratio to stock is on the
+  measured side of 1, and how far stock itself moved between rounds
+  (measured and predicted), the noise any error must be read against.
 """
 
 from __future__ import annotations
@@ -42,10 +49,12 @@ class Pair:
     measured: RunResult
     predicted: RunResult  # at the speed measured beside the replay, where it was
     as_calibrated: RunResult | None = None  # on the cost model unscaled, when that differs
+    at_steps: RunResult | None = None  # at the speed of the replay's own steps (step_speed.py)
 
     def __post_init__(self) -> None:
         self.m, self.p = summarize(self.measured), summarize(self.predicted)
         self.c = summarize(self.as_calibrated) if self.as_calibrated else None
+        self.s = summarize(self.at_steps) if self.at_steps else None
 
 
 def by_turn(run: RunResult) -> dict[tuple[str, int], TurnRecord]:
@@ -105,6 +114,38 @@ def speed_table(pairs: Sequence[Pair]) -> str:
              *_beside(q, "jct_mean_s", "{:.2f}")[1:]]
             for q in pairs if q.c is not None]
     return table(head, rows) if rows else ""
+
+
+def steps_table(pairs: Sequence[Pair]) -> str:
+    """Per replay with a step log: the steps the server ran and the simulator's, both
+    timed on the cost model as calibrated (a difference is the schedule: which steps
+    ran); the live steps' measured time over that (the speed the machine ran them at,
+    decode-only and mixed steps apart); and the mean JCT predicted at that speed."""
+    head = ["round", "flavour", "steps live", "sim", "modelled s, live steps", "sim's",
+            "measured s, live steps", "speed: all steps", "decode only", "with a prefill",
+            "mean JCT s meas", "pred at this speed", "error"]
+    rows = []
+    for q in pairs:
+        if q.s is None:
+            continue
+        live = q.at_steps.meta["live_steps"]
+        sim = (q.as_calibrated or q.predicted).meta
+        with_prefill = [live[k] for k in ("mixed", "prefill") if k in live]
+        rows.append([
+            str(q.round), q.label, str(live["all"]["steps"]), str(sim["steps"]),
+            _f(live["all"]["modelled_s"], "{:.1f}"), _f(sim["busy_s"], "{:.1f}"),
+            _f(live["all"]["measured_s"], "{:.1f}"),
+            *(_f(_speed([k]), "{:.2f}x") for k in (live["all"], live.get("decode"))),
+            _f(_speed(with_prefill), "{:.2f}x"),
+            *_beside(q, "jct_mean_s", "{:.2f}", q.s)])
+    return table(head, rows) if rows else ""
+
+
+def _speed(kinds: Sequence[dict | None]) -> float:
+    """Measured over modelled time of these kinds of step together."""
+    kinds = [k for k in kinds if k]
+    modelled = sum(k["modelled_s"] for k in kinds)
+    return sum(k["measured_s"] for k in kinds) / modelled if modelled else float("nan")
 
 
 def _decode_s_per_token(run: RunResult, tool_turns: bool) -> float:
@@ -177,7 +218,8 @@ def _side(x: float) -> int:
 
 
 def _jct_errors(pairs: Sequence[Pair], prediction: str) -> list[float]:
-    """The mean-JCT errors of the pairs' predictions `p` (the report's) or `c` (as calibrated)."""
+    """The mean-JCT errors of the pairs' predictions `p` (the report's), `c` (as
+    calibrated) or `s` (at the speed of the replay's own steps)."""
     found = [_err(pred["jct_mean_s"], q.m["jct_mean_s"]) for q in pairs
              if (pred := getattr(q, prediction)) is not None]
     return [e for e in found if math.isfinite(e)]
@@ -196,6 +238,9 @@ def _flavour_line(pairs: Sequence[Pair], label: str) -> str:
     if calibrated := _jct_errors(mine, "c"):
         line += (f"; on the cost model as calibrated, not scaled by the speed probes, {min(calibrated):+.1%} "
                  f"to {max(calibrated):+.1%} (within {TARGET:.0%} in {sum(abs(e) <= TARGET for e in calibrated)})")
+    if own := _jct_errors(mine, "s"):
+        line += (f"; at the speed of the replays' own steps {min(own):+.1%} to {max(own):+.1%} "
+                 f"(within {TARGET:.0%} in {sum(abs(e) <= TARGET for e in own)})")
     bases = [(_stock(pairs, q.round), q) for q in mine if label != STOCK]
     ratios = [(b.m["jct_mean_s"] / q.m["jct_mean_s"], b.p["jct_mean_s"] / q.p["jct_mean_s"])
               for b, q in bases if b is not None]
