@@ -10,10 +10,10 @@ predicts:
         --base cpu-bench-2l-noon --out runs/cpu-steps-r1.yaml
     vllm-continuum predict runs/steps-overload --cost-model runs/cpu-steps-r1.yaml
 
-Why (docs/benchmarks.md, "Every step the server ran"): live, the decode-only
-steps took 1.3-1.9x what the calibrated model says, prefills and mixed steps
-about what it says; calibrate's decode streams share one cached prefix,
-where a replay's each read their own.
+Why (docs/benchmarks.md, "Mixed steps, preemptions, and every step the
+server ran"): live, the decode-only steps took 1.22-1.93x what the
+calibrated model says, the steps with a prefill about what it says. Measured
+there: fitted on round 1's steps, this model predicted no better.
 """
 import argparse
 from pathlib import Path

@@ -13,9 +13,9 @@ starts it), with calibrate's own stream code:
 
     .venv/bin/python scripts/mixed_step_probe.py [COST_MODEL]
 
-Measured 2026-12-02 (docs/benchmarks.md, "Mixed steps, preemptions and the
-engine core"): see there; a mixed step takes about what the prefill alone
-takes plus a decode step, as the model's sum says.
+Measured 2026-12-02 (docs/benchmarks.md, "Mixed steps, preemptions, and
+every step the server ran"): mixed / alone 1.03 median; a mixed step takes
+what the prefill alone takes plus a decode step, as the model's sum says.
 """
 import asyncio
 import statistics

@@ -1,22 +1,27 @@
 """Every engine step of a live server, timed, beside the cost model's time
 for the same batch.
 
-`predict` finds the simulator fast, and faster the more a flavour
-re-prefills (docs/benchmarks.md, "Mixed steps, preemptions and the
-engine's own steps"). Two explanations remain: the live engine's steps take
-longer than the cost model says for what they hold, or it runs other steps
-(other batches) than the simulator. A step log tells them apart. With
-`compare --step-log`, each server runs its scheduler (vLLM's own for stock,
-continuum's otherwise) as a subclass that only records (step_recorder.py), after each step,
-what the step held, (new tokens, tokens already computed) per request, with
-the time from `schedule()` to the end of `update_from_output()` and the time
-to the next `schedule()` while requests remained (the whole cycle: the
-engine core's own work between steps included). It decides nothing; the
-file is named by `--additional-config`'s `step_log`. The CPU build of vLLM
-schedules synchronously (vllm/platforms/cpu.py), so one step's schedule and
-update bracket its forward pass; under async scheduling they would not.
+`predict` found the simulator fast, and faster the more a flavour
+re-prefills (docs/benchmarks.md, "Mixed steps, preemptions, and every step
+the server ran"). Either the live engine's steps take longer than the cost
+model says for what they hold, or it runs other steps (other batches) than
+the simulator. A step log tells them apart. With `compare --step-log`, each
+server runs its scheduler (vLLM's own for stock, continuum's otherwise) as
+a subclass that only records (step_recorder.py). One JSON line per step:
 
-`predict` reads a log against its cost model (prediction/step_speed.py).
+- `t`: when `schedule()` began (perf_counter seconds, system-wide on Linux);
+- `batch`: [new tokens, tokens already computed] per scheduled request;
+- `step_s`: from `schedule()` to the end of `update_from_output()`;
+  `schedule_s` and `update_s`, the two calls' own part of it;
+- `cycle_s`: to the next `schedule()`, where requests remained (the engine
+  core's own work between steps included);
+- `waiting`: the waiting queue's length after scheduling.
+
+It decides nothing; the file is named by `--additional-config`'s
+`step_log`. The CPU build of vLLM schedules synchronously
+(vllm/platforms/cpu.py), so one step's calls bracket its forward pass; under
+async scheduling they would not. `predict` reads a log against its cost
+model (prediction/step_speed.py).
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-
 
 STEP_LOG_KEY = "step_log"  # --additional-config's key: the file to record to
 
@@ -47,6 +51,7 @@ def read_steps(path: Path, start: float = float("-inf"), end: float = float("inf
 
 
 def step_kind(batch: Iterable[list[int]]) -> str:
+    """"decode" (only decodes), "prefill" (no decode) or "mixed"."""
     decodes = prefills = 0
     for n, computed in batch:
         if n == 1 and computed > 0:

@@ -29,7 +29,7 @@ from vllm_continuum.experiments.calibration.speed_probe import replay_speed, run
 from vllm_continuum.experiments.live.rounds import RoundRecord, load_rounds
 from vllm_continuum.experiments.prediction.overhead import as_client_saw, engine_trace
 from vllm_continuum.experiments.prediction.settings import describe, sim_policy
-from vllm_continuum.experiments.prediction.step_speed import replay_steps, summarize_steps
+from vllm_continuum.experiments.prediction.step_speed import replay_steps, speed_of, summarize_steps
 from vllm_continuum.experiments.prediction.tables import (
     Pair, diagnosis_table, outcome_table, speed_table, steps_table, summary_lines)
 from vllm_continuum.experiments.prediction.turns import write_turns
@@ -106,8 +106,7 @@ def simulate_replays(records: list[RoundRecord], cost: CostModel, run_dir: Path,
         at_steps = None
         if steps := replay_steps(rec.run.meta, run_dir):
             own = summarize_steps(steps, cost)
-            at_steps = run_on(scaled(cost, own["all"]["measured_s"] / own["all"]["modelled_s"]),
-                              rec, policy, settings)
+            at_steps = run_on(scaled(cost, speed_of(own["all"])), rec, policy, settings)
             at_steps.meta["live_steps"] = own
         pairs.append(Pair(rec.round, rec.label, describe(policy, settings), rec.run, predicted,
                           as_calibrated, at_steps))

@@ -12,7 +12,6 @@ modelled time, live and simulated, show that directly.
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from vllm_continuum.experiments.sim.cost_model import CostModel
@@ -20,27 +19,24 @@ from vllm_continuum.experiments.step_log import read_steps, step_kind
 
 
 def summarize_steps(steps: list[dict], cost: CostModel) -> dict[str, dict]:
-    """Per kind of step and over all: count, measured seconds (step, and cycle
-    where the next step followed), modelled seconds, and the median ratio."""
+    """Per kind of step (step_log.step_kind) and over "all": how many, and their
+    measured and modelled seconds."""
     groups: dict[str, list[dict]] = {}
     for step in steps:
         groups.setdefault(step_kind(step["batch"]), []).append(step)
     groups["all"] = steps
-    out = {}
-    for kind, group in groups.items():
-        modelled = [cost.step_time([tuple(r) for r in s["batch"]]) for s in group]
-        measured = [s["step_s"] for s in group]
-        cycled = [(s["cycle_s"], m) for s, m in zip(group, modelled) if "cycle_s" in s]
-        out[kind] = {
-            "steps": len(group),
-            "tokens": sum(n for s in group for n, _ in s["batch"]),
-            "measured_s": sum(measured),
-            "cycle_s": sum(c for c, _ in cycled),
-            "modelled_s": sum(modelled),
-            "step_over_model_median": statistics.median(a / b for a, b in zip(measured, modelled)) if group else float("nan"),
-            "cycle_over_model_median": statistics.median(c / m for c, m in cycled) if cycled else float("nan"),
-        }
-    return out
+    return {kind: {"steps": len(group),
+                   "measured_s": sum(s["step_s"] for s in group),
+                   "modelled_s": sum(cost.step_time([tuple(r) for r in s["batch"]]) for s in group)}
+            for kind, group in groups.items()}
+
+
+def speed_of(*kinds: dict | None) -> float:
+    """Measured over modelled time of these kinds of step (summarize_steps' entries,
+    None for a kind the replay had none of) together: the speed the machine ran them at."""
+    kinds = [k for k in kinds if k]
+    modelled = sum(k["modelled_s"] for k in kinds)
+    return sum(k["measured_s"] for k in kinds) / modelled if modelled else float("nan")
 
 
 def replay_steps(meta: dict, run_dir: Path) -> list[dict] | None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from vllm_continuum.experiments.live.flavours import STOCK
 from vllm_continuum.experiments.live.round_report import value_range
 from vllm_continuum.experiments.markdown import table
+from vllm_continuum.experiments.prediction.step_speed import speed_of
 from vllm_continuum.experiments.report import ratio, summarize
 from vllm_continuum.experiments.results import RunResult, TurnRecord
 
@@ -120,7 +121,8 @@ def steps_table(pairs: Sequence[Pair]) -> str:
     """Per replay with a step log: the steps the server ran and the simulator's, both
     timed on the cost model as calibrated (a difference is the schedule: which steps
     ran); the live steps' measured time over that (the speed the machine ran them at,
-    decode-only and mixed steps apart); and the mean JCT predicted at that speed."""
+    the decode-only steps and those with a prefill apart); and the mean JCT predicted
+    at that speed."""
     head = ["round", "flavour", "steps live", "sim", "modelled s, live steps", "sim's",
             "measured s, live steps", "speed: all steps", "decode only", "with a prefill",
             "mean JCT s meas", "pred at this speed", "error"]
@@ -130,22 +132,15 @@ def steps_table(pairs: Sequence[Pair]) -> str:
             continue
         live = q.at_steps.meta["live_steps"]
         sim = (q.as_calibrated or q.predicted).meta
-        with_prefill = [live[k] for k in ("mixed", "prefill") if k in live]
         rows.append([
             str(q.round), q.label, str(live["all"]["steps"]), str(sim["steps"]),
             _f(live["all"]["modelled_s"], "{:.1f}"), _f(sim["busy_s"], "{:.1f}"),
             _f(live["all"]["measured_s"], "{:.1f}"),
-            *(_f(_speed([k]), "{:.2f}x") for k in (live["all"], live.get("decode"))),
-            _f(_speed(with_prefill), "{:.2f}x"),
+            *(_f(speed, "{:.2f}x") for speed in (
+                speed_of(live["all"]), speed_of(live.get("decode")),
+                speed_of(live.get("mixed"), live.get("prefill")))),
             *_beside(q, "jct_mean_s", "{:.2f}", q.s)])
     return table(head, rows) if rows else ""
-
-
-def _speed(kinds: Sequence[dict | None]) -> float:
-    """Measured over modelled time of these kinds of step together."""
-    kinds = [k for k in kinds if k]
-    modelled = sum(k["modelled_s"] for k in kinds)
-    return sum(k["measured_s"] for k in kinds) / modelled if modelled else float("nan")
 
 
 def _decode_s_per_token(run: RunResult, tool_turns: bool) -> float:
