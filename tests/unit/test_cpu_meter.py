@@ -30,7 +30,9 @@ def test_a_session_s_cpu_is_counted_and_the_client_s_apart():
         server.wait()
     assert sum(whole["server_s"].values()) >= 0.45  # the burn, counted by session
     assert sum(since["server_s"].values()) < 0.1  # what ran before a meter started is not counted
-    assert 0.3 <= since["client_s"] < 1.0 and whole["client_s"] >= since["client_s"]
+    # os.times() counts in clock ticks (10 ms) and the meter rounds to 10 ms: the
+    # 0.3 s burn may read 0.29 (seen in CI), never 0.25 or less.
+    assert 0.25 < since["client_s"] < 1.0 and whole["client_s"] >= since["client_s"]
     assert whole["wall_s"] >= 3 and whole["cores"] >= 1
 
 
