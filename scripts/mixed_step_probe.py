@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from vllm_continuum.experiments.calibration.bench_server import bench_server
-from vllm_continuum.experiments.calibration.probes import Prompts, _stream
+from vllm_continuum.experiments.calibration.probes import Prompts, stream_completion
 from vllm_continuum.experiments.sim.cost_model import load_cost_model
 
 POINTS = [(2048, 4, 2000), (1024, 4, 2000), (512, 4, 2000), (2048, 8, 1000)]  # (N, B, C)
@@ -41,17 +41,18 @@ async def mixed_step(client: httpx.AsyncClient, prompts: Prompts, n: int, batch:
 
     async def joiner():
         await asyncio.sleep(batch * context / PREFILL_RATE + 0.8)
-        return await _stream(client, {"model": "tiny", "prompt": prompts.fresh(n), "max_tokens": 1})
+        return await stream_completion(client, {"model": "tiny", "prompt": prompts.fresh(n), "max_tokens": 1})
 
     (sent, _, _), *streams = await asyncio.gather(joiner(), *(
-        _stream(client, {**decode, "prompt": prompts.fresh(context)}) for _ in range(batch)))
+        stream_completion(client, {**decode, "prompt": prompts.fresh(context)}) for _ in range(batch)))
     gaps = [max(b - a for (a, _), (b, _) in zip(chunks, chunks[1:]) if b > sent)
             for _, chunks, _ in streams]
     return statistics.median(gaps)
 
 
 async def alone(client: httpx.AsyncClient, prompts: Prompts, n: int) -> float:
-    sent, chunks, _ = await _stream(client, {"model": "tiny", "prompt": prompts.fresh(n), "max_tokens": 1})
+    sent, chunks, _ = await stream_completion(
+        client, {"model": "tiny", "prompt": prompts.fresh(n), "max_tokens": 1})
     return chunks[0][0] - sent
 
 
@@ -59,7 +60,8 @@ async def main(url: str, cost_model: str) -> None:
     model = load_cost_model(cost_model)
     prompts = Prompts(11)
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        await _stream(client, {"model": "tiny", "prompt": prompts.fresh(16), "max_tokens": 2})  # warm-up
+        warm_up = {"model": "tiny", "prompt": prompts.fresh(16), "max_tokens": 2}
+        await stream_completion(client, warm_up)
         for n, batch, context in POINTS:
             modelled = model.step_time([(n, 0)] + [(1, context + DECODE_TOKENS // 2)] * batch)
             for _ in range(REPEATS):

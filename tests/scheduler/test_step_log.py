@@ -8,7 +8,8 @@ import pytest
 from tests.scheduler.harness import BLOCK_SIZE, Driver, make_request, tokens
 
 from vllm_continuum.config import load_config
-from vllm_continuum.experiments.step_log import RECORDERS, STEP_LOG_KEY, read_steps, step_kind
+from vllm_continuum.experiments.prediction.step_speed import step_kind
+from vllm_continuum.experiments.step_log import RECORDERS, STEP_LOG_KEY, read_steps
 from vllm_continuum.experiments.step_recorder import ContinuumStepRecorder, StockStepRecorder
 from vllm_continuum.experiments.sim.driver import new_scheduler
 

@@ -27,7 +27,6 @@ model (prediction/step_speed.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 
 STEP_LOG_KEY = "step_log"  # --additional-config's key: the file to record to
@@ -49,13 +48,3 @@ def read_steps(path: Path, start: float = float("-inf"), end: float = float("inf
             steps.append(step)
     return steps
 
-
-def step_kind(batch: Iterable[list[int]]) -> str:
-    """"decode" (only decodes), "prefill" (no decode) or "mixed"."""
-    decodes = prefills = 0
-    for n, computed in batch:
-        if n == 1 and computed > 0:
-            decodes += 1
-        else:
-            prefills += 1
-    return "mixed" if decodes and prefills else ("decode" if decodes else "prefill")

@@ -90,7 +90,8 @@ class Prompts:
         return [self._rng.randrange(*TOKEN_RANGE) for _ in range(n)]
 
 
-async def _stream(client: httpx.AsyncClient, body: dict) -> tuple[float, list[tuple[float, int]], dict]:
+async def stream_completion(client: httpx.AsyncClient,
+                            body: dict) -> tuple[float, list[tuple[float, int]], dict]:
     """Send a streamed completion; return (send time, [(arrival, tokens)] per chunk
     that carried tokens, usage)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True},
@@ -116,7 +117,7 @@ def _cached(usage: dict) -> int | None:
 
 async def _warm(client: httpx.AsyncClient, model: str, prompt: list[int]) -> None:
     """Leave `prompt` in the prefix cache (its full blocks)."""
-    await _stream(client, {"model": model, "prompt": prompt, "max_tokens": 1})
+    await stream_completion(client, {"model": model, "prompt": prompt, "max_tokens": 1})
 
 
 async def prefill_point(client: httpx.AsyncClient, model: str, prompts: Prompts, n: int,
@@ -124,7 +125,7 @@ async def prefill_point(client: httpx.AsyncClient, model: str, prompts: Prompts,
     prefix = prompts.fresh(cached)
     if cached:
         await _warm(client, model, prefix)
-    sent, chunks, usage = await _stream(
+    sent, chunks, usage = await stream_completion(
         client, {"model": model, "prompt": prefix + prompts.fresh(n), "max_tokens": 1})
     if not chunks:
         raise RuntimeError(f"a prefill of {n} tokens returned no token")
@@ -203,7 +204,7 @@ async def decode_point(client: httpx.AsyncClient, model: str, prompts: Prompts, 
         body = {"model": model, "max_tokens": tokens,
                 "structured_outputs": {"regex": f"[0-9]{{{tokens}}}"}}
     results = await asyncio.gather(*(
-        _stream(client, {**body, "prompt": prefix + prompts.fresh(DECODE_TAIL)})
+        stream_completion(client, {**body, "prompt": prefix + prompts.fresh(DECODE_TAIL)})
         for prefix in prefixes))
     streams = [chunks for _, chunks, _ in results]
     if any(len(chunks) < 2 for chunks in streams):

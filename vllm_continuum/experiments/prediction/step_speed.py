@@ -14,21 +14,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_continuum.experiments.sim.cost_model import CostModel
-from vllm_continuum.experiments.step_log import read_steps, step_kind
+from vllm_continuum.experiments.sim.cost_model import CostModel, StepFeatures
+from vllm_continuum.experiments.step_log import read_steps
+
+
+def step_kind(batch: list[list[int]]) -> str:
+    """"decode" (only decodes), "prefill" (no decode) or "mixed": a decode as the
+    cost model counts one (StepFeatures)."""
+    decodes = StepFeatures.of(batch).decodes
+    return "mixed" if 0 < decodes < len(batch) else ("decode" if decodes else "prefill")
 
 
 def summarize_steps(steps: list[dict], cost: CostModel) -> dict[str, dict]:
-    """Per kind of step (step_log.step_kind) and over "all": how many, and their
-    measured and modelled seconds."""
-    groups: dict[str, list[dict]] = {}
+    """Per kind of step (step_kind) and over "all": how many, and their measured
+    and modelled seconds (each step timed on the cost model once)."""
+    totals: dict[str, dict] = {}
     for step in steps:
-        groups.setdefault(step_kind(step["batch"]), []).append(step)
-    groups["all"] = steps
-    return {kind: {"steps": len(group),
-                   "measured_s": sum(s["step_s"] for s in group),
-                   "modelled_s": sum(cost.step_time([tuple(r) for r in s["batch"]]) for s in group)}
-            for kind, group in groups.items()}
+        modelled = cost.step_time([tuple(r) for r in step["batch"]])
+        for kind in (step_kind(step["batch"]), "all"):
+            t = totals.setdefault(kind, {"steps": 0, "measured_s": 0.0, "modelled_s": 0.0})
+            t["steps"] += 1
+            t["measured_s"] += step["step_s"]
+            t["modelled_s"] += modelled
+    return totals
 
 
 def speed_of(*kinds: dict | None) -> float:
