@@ -11,7 +11,7 @@ from vllm_continuum.experiments.report import summarize
 from vllm_continuum.experiments.sim.cost_model import CostModel, Linear, fit_linear, load_cost_model
 from vllm_continuum.experiments.sim.loop import Simulation
 from vllm_continuum.experiments.sim.oracle import Hindsight, OracleTTLPolicy
-from vllm_continuum.experiments.sim.run import simulate
+from vllm_continuum.experiments.sim.run import prepare_run, simulate
 from vllm_continuum.experiments.workload_spec import load_spec
 
 # A small server under memory pressure: 3,072 tokens of KV for programs whose
@@ -137,6 +137,19 @@ def test_simulation_is_deterministic(trace, profile_path):
     b = _run(trace, "continuum", profile_path).to_json()
     a.pop("started_at"), b.pop("started_at")
     assert a == b
+
+
+def test_num_blocks_gives_the_same_server_another_pool(tmp_path):
+    """`sim --num-blocks`: the cost model's pool replaced, nothing else, and the
+    simulated stock server evicts more in the smaller pool."""
+    reuse = {}
+    for blocks in (120, 750):
+        _, cost, profile, trace = prepare_run(tmp_path / str(blocks), "cpu-bench-2l-noon",
+                                                "cpu-overload", num_blocks=blocks, num_programs=6)
+        assert cost == load_cost_model("cpu-bench-2l-noon").model_copy(update={"num_gpu_blocks": blocks})
+        run, _ = simulate(trace, cost, "stock", profile, progress=False)
+        reuse[blocks] = summarize(run)["reuse_of_prev_prompt"]
+    assert reuse[120] < reuse[750]
 
 
 def test_h100_cost_model_is_sane():

@@ -31,13 +31,14 @@ def _sim(args: argparse.Namespace) -> int:
             args.workload, args.cost_model, args.out, instances=args.instances,
             routings=args.routing or ROUTINGS, policies=args.policies, num_programs=args.programs,
             rate=args.rate, seed=args.seed, settings=settings,
-            routing_options={"eps": args.bounded_eps}, command=command_line(), publish=args.publish,
+            routing_options={"eps": args.bounded_eps}, num_blocks=args.num_blocks,
+            command=command_line(), publish=args.publish,
         )
     return run_sim(
         workload=args.workload, cost_model=args.cost_model, out_dir=args.out,
         policies=args.policies, num_programs=args.programs, rate=args.rate, seed=args.seed,
         sweep=args.sweep, sweep_programs=args.sweep_programs, seeds=args.seeds,
-        settings=settings, command=command_line(), publish=args.publish,
+        settings=settings, num_blocks=args.num_blocks, command=command_line(), publish=args.publish,
     )
 
 
@@ -82,6 +83,9 @@ def register(subparsers) -> None:
     workload_args(p, "swebench")
     p.add_argument("--cost-model", default="h100-llama3.1-8b",
                    help="a name in vllm_continuum/experiments/configs/cost_models/ or a YAML path")
+    p.add_argument("--num-blocks", type=int,
+                   help="the KV pool in blocks, instead of the cost model's (the same server with "
+                        "another pool: compare --num-blocks)")
     p.add_argument("--policies", nargs="+",
                    default=["stock", "default", "continuum", "oracle"],
                    help="stock, never, default (what ships), continuum, fixed, forever, oracle, "

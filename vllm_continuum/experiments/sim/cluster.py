@@ -126,12 +126,14 @@ def run_cluster(
     seed: int | None = None,
     settings: dict[str, str] | None = None,
     routing_options: dict | None = None,
+    num_blocks: int | None = None,
     command: str = "",
     publish: str | None = None,
 ) -> int:
     started = time.perf_counter()
     out_dir, cost, profile_path, trace = prepare_run(
-        out_dir, cost_model, workload, num_programs=num_programs, arrival_rate=rate, seed=seed
+        out_dir, cost_model, workload, num_blocks=num_blocks, num_programs=num_programs,
+        arrival_rate=rate, seed=seed
     )
     print(f"workload {workload}: {json.dumps(trace.summary())}")
     print(f"{instances} instances of cost model {cost.name}: KV pool {cost.num_gpu_blocks} blocks "

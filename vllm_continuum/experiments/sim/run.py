@@ -55,13 +55,18 @@ def prepare_profile(cost: CostModel, out_dir: Path) -> Path:
 
 
 def prepare_run(
-    out_dir: Path | str, cost_model: str, workload: str, **trace_options
+    out_dir: Path | str, cost_model: str, workload: str, *, num_blocks: int | None = None,
+    **trace_options
 ) -> tuple[Path, CostModel, Path, Trace]:
     """What every simulation command starts from: its output directory, the
-    cost model, the prefill profile fitted on it, and the trace it replays."""
+    cost model (its KV pool replaced by `num_blocks`, if given: the same server
+    with another pool, as `compare --num-blocks` starts it), the prefill
+    profile fitted on it, and the trace it replays."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cost = load_cost_model(cost_model)
+    if num_blocks is not None:
+        cost = cost.model_copy(update={"num_gpu_blocks": num_blocks})
     profile_path = prepare_profile(cost, out_dir)
     return out_dir, cost, profile_path, trace_for_run(workload, out_dir, **trace_options)
 
@@ -313,12 +318,14 @@ def run_sim(
     sweep_programs: int | None = None,
     seeds: Sequence[int] | None = None,
     settings: dict[str, str] | None = None,
+    num_blocks: int | None = None,
     command: str = "",
     publish: str | None = None,
 ) -> int:
     started = time.perf_counter()
     out_dir, cost, profile_path, trace = prepare_run(
-        out_dir, cost_model, workload, num_programs=num_programs, arrival_rate=rate, seed=seed
+        out_dir, cost_model, workload, num_blocks=num_blocks, num_programs=num_programs,
+        arrival_rate=rate, seed=seed
     )
     setup = {
         "command": command,
