@@ -182,3 +182,14 @@ def test_server_counters_from_a_known_exposition(monkeypatch):
     # vLLM's preemptions, over its engines; none from a server that does not export them.
     assert server_counters.engine_preemptions("http://c/") == 5
     assert server_counters.engine_preemptions("http://s") is None
+
+
+def test_benchmark_servers_leave_the_engine_core_a_core(monkeypatch):
+    """compare's and calibrate's servers run the model worker on every core but one
+    (vLLM's engine core spins on the other), or on --model-threads."""
+    from vllm_continuum.experiments.live.flavours import bench_server_env, model_threads
+
+    assert [model_threads(n) for n in (1, 2, 8)] == [1, 1, 7]
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert bench_server_env() == {"OMP_NUM_THREADS": "3"}
+    assert bench_server_env(2) == {"OMP_NUM_THREADS": "2"}

@@ -8,18 +8,19 @@ from pathlib import Path
 
 from vllm_continuum.experiments.calibration.server import FIELDS
 from vllm_continuum.experiments.cli import command_line, positive_int, workload_args
-from vllm_continuum.experiments.live.flavours import DEFAULT_MAX_MODEL_LEN, DEFAULT_NUM_BLOCKS
+from vllm_continuum.experiments.live.flavours import (
+    DEFAULT_MAX_MODEL_LEN, DEFAULT_NUM_BLOCKS, bench_server_env, model_threads_arg)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
     from vllm_continuum.experiments.calibration.command import run_calibrate
 
-    def calibrate(url: str) -> int:
+    def calibrate(url: str, server_env: dict[str, str] | None = None) -> int:
         return run_calibrate(
             url, args.out, flags={k: getattr(args, k) for k in FIELDS}, lengths=args.lengths,
             batches=args.batches, contexts=args.contexts, repeats=args.repeats,
             decode_tokens=args.decode_tokens, seed=args.seed, guided=not args.no_guided,
-            command=command_line(),
+            command=command_line(), server_env=server_env,
         )
 
     if args.bench_server is None:
@@ -28,8 +29,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     blocks = args.num_gpu_blocks or DEFAULT_NUM_BLOCKS
     window = args.max_model_len or DEFAULT_MAX_MODEL_LEN
-    with bench_server(args.bench_server, blocks, window, args.logs) as url:
-        return calibrate(url)
+    with bench_server(args.bench_server, blocks, window, args.logs, args.model_threads) as url:
+        return calibrate(url, bench_server_env(args.model_threads))
 
 
 def _sizing(args: argparse.Namespace) -> int:
@@ -62,6 +63,7 @@ def register(subparsers) -> None:
                              f"{DEFAULT_MAX_MODEL_LEN}), calibrate it, stop it")
     p.add_argument("--logs", type=Path, default=Path("runs/calibrate-logs"),
                    help="--bench-server: where the server's log goes")
+    model_threads_arg(p)
     p.add_argument("--out", type=Path, required=True, help="the cost-model YAML to write")
     p.add_argument("--lengths", type=positive_int, nargs="+",
                    help="cold prefill lengths (default: 16, then doubling from 128 to the context window)")

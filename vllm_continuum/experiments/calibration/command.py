@@ -99,7 +99,10 @@ def cost_model_data(name: str, shape: ServerShape, fit: Fit, calibration: dict) 
 
 def run_calibrate(url: str, out: Path, *, flags: dict[str, int | None], lengths: Sequence[int] | None,
                   batches: Sequence[int], contexts: Sequence[int] | None, repeats: int,
-                  decode_tokens: int, seed: int = 0, guided: bool = True, command: str = "") -> int:
+                  decode_tokens: int, seed: int = 0, guided: bool = True, command: str = "",
+                  server_env: dict[str, str] | None = None) -> int:
+    """`server_env`: the environment calibrate started the server with (--bench-server),
+    recorded with the calibration."""
     shape = read_shape(url, flags)
     probes, skipped = plan(shape, lengths=lengths, batches=batches, contexts=contexts,
                            repeats=repeats, decode_tokens=decode_tokens, guided=guided)
@@ -115,6 +118,7 @@ def run_calibrate(url: str, out: Path, *, flags: dict[str, int | None], lengths:
         "url": url,
         "model": shape.root,
         "machine": machine(),
+        **({"server_env": server_env} if server_env else {}),
         "load_average_before_after": [load_before, load_average()],
         "duration_s": round(time.time() - started, 1),
         "method": METHOD,

@@ -33,7 +33,8 @@ def _compare(args: argparse.Namespace) -> int:
         num_programs=args.programs, rate=args.rate, seed=args.seed,
         time_scale=args.time_scale, prefill_profile=args.prefill_profile,
         repeats=args.repeats, hints=args.hints, continuum_settings=args.continuum_settings,
-        step_log=args.step_log, command=command_line(), publish=args.publish,
+        step_log=args.step_log, model_threads=args.model_threads, command=command_line(),
+        publish=args.publish,
     )
 
 
@@ -57,6 +58,7 @@ def register(subparsers) -> None:
         DEFAULT_WORKLOAD,
         FLAVOURS,
         continuum_settings_arg,
+        model_threads_arg,
     )
 
     p = subparsers.add_parser("bench", help="replay an agent workload against a running server")
@@ -79,6 +81,7 @@ def register(subparsers) -> None:
     p.add_argument("--layers", type=int, default=DEFAULT_LAYERS, help="benchmark model depth")
     p.add_argument("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS, help="KV pool, blocks of 32 tokens")
     p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    model_threads_arg(p)
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--prefill-profile", type=Path,
                    help="profile YAML for continuum (default: measured on the first server)")

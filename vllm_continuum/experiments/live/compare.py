@@ -143,6 +143,7 @@ def run_compare(
     hints: str = HINTS_ALL,
     continuum_settings: dict | None = None,
     step_log: bool = False,
+    model_threads: int | None = None,
     command: str = "",
     publish: str | None = None,
 ) -> int:
@@ -154,6 +155,7 @@ def run_compare(
     each round's ratio to stock."""
     from vllm_continuum.config import load_config
     from vllm_continuum.experiments.live.bench_model import bench_model
+    from vllm_continuum.experiments.live.flavours import bench_server_env
     from vllm_continuum.tools.local_server import BLOCK_SIZE, flavour_server
 
     unknown = [f for f in flavours if f not in FLAVOURS]
@@ -163,6 +165,7 @@ def run_compare(
     out_dir.mkdir(parents=True, exist_ok=True)
     model = str(bench_model(num_layers, model_dir))
     trace = trace_for_run(workload, out_dir, num_programs=num_programs, arrival_rate=rate, seed=seed)
+    server_env = bench_server_env(model_threads)
     setup = {
         "command": command,
         "workload": workload,
@@ -172,6 +175,7 @@ def run_compare(
         "num_blocks": num_blocks,
         "block_size": BLOCK_SIZE,
         "max_model_len": max_model_len,
+        "server_env": server_env,
         "flavours": {f: FLAVOURS[f].settings for f in flavours},
         "common_continuum_settings": COMMON_CONTINUUM_SETTINGS,
         "continuum_settings": continuum_settings or {},
@@ -200,7 +204,7 @@ def run_compare(
             "scheduler_cls": RECORDERS[flavour.server], "additional_config": {STEP_LOG_KEY: str(steps_path)}}
         server = flavour_server(
             flavour.server, model, out_dir / "logs", num_blocks=num_blocks,
-            settings=settings, extra_args=extra_args, **recording,
+            settings=settings, extra_args=extra_args, env=server_env, **recording,
         )
         server.log_path = out_dir / "logs" / f"{name}.log"
         server.name = name

@@ -4,6 +4,7 @@ so the command line can offer the choices without importing the benchmark."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from vllm_continuum.core.pressure import pressure_variants
@@ -54,6 +55,36 @@ START_TIMEOUT_S = 600
 COMMON_CONTINUUM_SETTINGS = {
     "cold_start_samples": 20,
 }
+
+
+def model_threads(cpus: int | None = None) -> int:
+    """The benchmark server's model worker threads, by default every core but one.
+
+    vLLM's engine core waits for each step's output by spinning on its shared-
+    memory queue (shm_broadcast.py: `sched_yield` for a second after each read),
+    so it keeps a core busy while the model runs. A worker with a thread on
+    every core loses one of them to it mid-step, and its steps ran 1.4-1.5x
+    what the same server measured when idle (docs/benchmarks.md, "One core for
+    the engine core"). On a GPU server the model runs on the GPU and the
+    engine core has a CPU to itself; leaving it a core is this benchmark's
+    nearest equivalent, and makes calibrate's probes time what a replay runs."""
+    return max(1, (cpus or os.cpu_count() or 1) - 1)
+
+
+def bench_server_env(threads: int | None = None) -> dict[str, str]:
+    """The environment every benchmark server starts with (compare's, calibrate
+    --bench-server's): its model worker's threads (default: model_threads())."""
+    return {"OMP_NUM_THREADS": str(threads or model_threads())}
+
+
+def model_threads_arg(parser) -> None:
+    """`--model-threads`, for compare and calibrate --bench-server alike."""
+    from vllm_continuum.experiments.cli import positive_int
+
+    parser.add_argument("--model-threads", type=positive_int, default=model_threads(),
+                        help="threads of the benchmark server's model worker (default: every core "
+                             f"but one, {model_threads()} here: the engine core spins on the "
+                             "other; docs/calibration.md)")
 
 
 def continuum_settings_arg(text: str) -> dict:
