@@ -32,3 +32,15 @@ def test_one_shot_traffic_goes_on_until_until_s():
     # Without until_s, as before: until the last agent arrives.
     plain = spec.model_copy(update={"one_shot": spec.one_shot.model_copy(update={"until_s": None})})
     assert max(p.arrival_s for p in plain.generate().one_shots) <= last_agent
+
+
+def test_the_24_program_batch_is_cpu_overloads_programs_for_a_pool_twice_as_large():
+    """cpu-overload-24.yaml's header: the same programs, draw by draw, twice as many,
+    arriving twice as fast; the 750-block pool holds about a third of them."""
+    small, large = load_trace("cpu-overload"), load_trace("cpu-overload-24")
+    assert len(large.agents) == 24 and max(p.arrival_s for p in large.agents) < 15
+    for a, b in zip(small.agents, large.agents):
+        assert a.turns == b.turns
+    finals = sum(p.final_context_tokens for p in large.agents)
+    pool = load_cost_model("cpu-bench-2l-calibrated").model_copy(update={"num_gpu_blocks": 750}).pool_tokens
+    assert finals == 70424 and 0.3 < pool / finals < 0.4
