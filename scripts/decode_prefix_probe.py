@@ -7,7 +7,9 @@ probe code, and prints each point's step time.
     .venv/bin/python scripts/decode_prefix_probe.py
 
 Measured 2026-12-02 (docs/benchmarks.md, "After the caps opened"): no
-consistent difference; repeats of one point differ by up to 1.6x.
+consistent difference; repeats of one point differ by up to 1.6x. Again with
+the model worker on one thread, where repeats agree within about 10% ("One
+core for the engine core"): own / shared 0.96-1.13x.
 """
 import asyncio
 from pathlib import Path
