@@ -12,14 +12,14 @@ from pathlib import Path
 
 @contextmanager
 def bench_server(num_layers: int, num_blocks: int, max_model_len: int, log_dir: Path,
-                 threads: int | None = None) -> Iterator[str]:
-    """The base URL of the running server, stopped on leaving. `threads`: its model
-    worker's (default: flavours.model_threads())."""
+                 env: dict[str, str] | None = None) -> Iterator[str]:
+    """The base URL of the running server, stopped on leaving. `env`: the server's
+    (default: flavours.bench_server_env(), its model worker on every core but one)."""
     from vllm_continuum.experiments.live.bench_model import bench_model
     from vllm_continuum.experiments.live.flavours import START_TIMEOUT_S, bench_server_env
     from vllm_continuum.tools.local_server import flavour_server
 
-    env = bench_server_env(threads)
+    env = env or bench_server_env()
     server = flavour_server("stock", str(bench_model(num_layers)), log_dir, num_blocks=num_blocks,
                             extra_args=["--max-model-len", str(max_model_len)], env=env)
     server.ready_timeout_s = START_TIMEOUT_S

@@ -29,8 +29,9 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     blocks = args.num_gpu_blocks or DEFAULT_NUM_BLOCKS
     window = args.max_model_len or DEFAULT_MAX_MODEL_LEN
-    with bench_server(args.bench_server, blocks, window, args.logs, args.model_threads) as url:
-        return calibrate(url, bench_server_env(args.model_threads))
+    env = bench_server_env(args.model_threads)
+    with bench_server(args.bench_server, blocks, window, args.logs, env) as url:
+        return calibrate(url, env)
 
 
 def _sizing(args: argparse.Namespace) -> int:
@@ -38,9 +39,7 @@ def _sizing(args: argparse.Namespace) -> int:
     from vllm_continuum.experiments.sim.cost_model import load_cost_model
     from vllm_continuum.experiments.workload_spec import load_trace
 
-    cost = load_cost_model(args.cost_model)
-    if args.num_blocks:
-        cost = cost.model_copy(update={"num_gpu_blocks": args.num_blocks})
+    cost = load_cost_model(args.cost_model).with_pool(args.num_blocks)
     trace = load_trace(args.workload, num_programs=args.programs, arrival_rate=args.rate, seed=args.seed)
     print(sizing_report(trace, cost, args.batch))
     return 0

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from vllm_continuum.experiments.cli import command_line, publish_arg, workload_args
+from vllm_continuum.experiments.cli import command_line, positive_int, publish_arg, workload_args
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -83,7 +83,7 @@ def register(subparsers) -> None:
     workload_args(p, "swebench")
     p.add_argument("--cost-model", default="h100-llama3.1-8b",
                    help="a name in vllm_continuum/experiments/configs/cost_models/ or a YAML path")
-    p.add_argument("--num-blocks", type=int,
+    p.add_argument("--num-blocks", type=positive_int,
                    help="the KV pool in blocks, instead of the cost model's (the same server with "
                         "another pool: compare --num-blocks)")
     p.add_argument("--policies", nargs="+",
@@ -147,7 +147,7 @@ def register(subparsers) -> None:
                               help="write a simulator cost model from a `profile` YAML")
     p.add_argument("--profile", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--num-blocks", type=int, default=160)
+    p.add_argument("--num-blocks", type=positive_int, default=160)
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--decode-step-s", type=float, help="measured decode step time (s)")
     p.set_defaults(run=_fit_cost_model)

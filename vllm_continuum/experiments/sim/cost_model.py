@@ -151,6 +151,13 @@ class CostModel(BaseModel):
         n = min(self.max_num_batched_tokens, self.max_model_len)
         return self.step_time([(n, self.max_model_len - n)])
 
+    def with_pool(self, num_blocks: int | None) -> CostModel:
+        """The same server with another KV pool (None: this one), as `compare
+        --num-blocks` starts it; validated like a loaded model (at least 2 blocks)."""
+        if num_blocks is None:
+            return self
+        return type(self).model_validate({**self.model_dump(), "num_gpu_blocks": num_blocks})
+
     @property
     def pool_tokens(self) -> int:
         return (self.num_gpu_blocks - 1) * self.block_size

@@ -64,9 +64,7 @@ def prepare_run(
     profile fitted on it, and the trace it replays."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cost = load_cost_model(cost_model)
-    if num_blocks is not None:
-        cost = cost.model_copy(update={"num_gpu_blocks": num_blocks})
+    cost = load_cost_model(cost_model).with_pool(num_blocks)
     profile_path = prepare_profile(cost, out_dir)
     return out_dir, cost, profile_path, trace_for_run(workload, out_dir, **trace_options)
 
