@@ -32,7 +32,7 @@ async def main(url: str) -> None:
             for _ in range(2):
                 for own in (False, True):
                     point = await decode_point(client, "tiny", prompts, batch, context, 48, BLOCK,
-                                               own_prefixes=own)
+                                               shared_prefix=not own)
                     print(f"{batch} streams, context {context}, {'own' if own else 'shared'} "
                           f"prefix: {point.measured_s * 1000:.1f} ms per step", flush=True)
 

@@ -13,7 +13,8 @@ from vllm_continuum.experiments.sim.cost_model import CostModel, Linear
 
 TRUE = CostModel(name="t", kind="linear", block_size=32, num_gpu_blocks=160, max_num_seqs=128,
                  max_num_batched_tokens=2048, max_model_len=4096, api_overhead_s=0.05,
-                 linear=Linear(step_s=0.02, per_token_s=3e-4, per_pair_s=2e-8, per_seq_s=1e-3))
+                 linear=Linear(step_s=0.02, per_token_s=3e-4, per_pair_s=2e-8, per_seq_s=1e-3,
+                               per_decode_kv_s=5e-7))
 
 
 def _points(cost: CostModel) -> list[Point]:
@@ -23,7 +24,7 @@ def _points(cost: CostModel) -> list[Point]:
         steps = [[s] for s in cost.prefill_steps(n, cached)]
         points.append(Point("prefill", {"n": n, "cached": cached}, steps,
                             cost.prefill_seconds(n, cached) + cost.api_overhead_s, True))
-    for b, c in [(1, 128), (4, 2048), (16, 128), (16, 1024)]:
+    for b, c in [(1, 128), (4, 2048), (16, 128), (16, 1024), (8, 2048)]:
         batch = [(1, c)] * b
         points.append(Point("decode", {"batch": b, "context": c}, [batch], cost.step_time(batch), False))
     return points
@@ -43,7 +44,8 @@ def test_a_term_the_data_contradicts_is_held_at_zero():
     """Points from a model without a per-sequence cost, plus noise that would make
     its least-squares estimate negative: it ends at 0, not below."""
     cost = TRUE.model_copy(update={"linear": Linear(step_s=0.02, per_token_s=3e-4,
-                                                    per_pair_s=2e-8, per_seq_s=0.0)})
+                                                    per_pair_s=2e-8, per_seq_s=0.0,
+                                                    per_decode_kv_s=5e-7)})
     points = _points(cost)
     for p in points:
         if p.kind == "decode" and p.params["batch"] == 16:
@@ -51,6 +53,19 @@ def test_a_term_the_data_contradicts_is_held_at_zero():
     fit = fit_points(points)
     assert fit.coefficients["per_seq_s"] == 0.0
     assert all(v >= 0 for v in fit.coefficients.values())
+
+
+def test_decode_attention_is_its_own_term():
+    """A decode reads its whole context for one query: the step model's decode KV
+    term counts the decodes' context entries, nothing of a prefill's, so a model
+    without it understates a batch of long distinct contexts."""
+    from vllm_continuum.experiments.sim.cost_model import StepFeatures
+
+    f = StepFeatures.of([(1, 2000), (1, 1000), (512, 1024)])
+    assert (f.decodes, f.decode_kv) == (2, 3000)
+    without = TRUE.model_copy(update={"linear": TRUE.linear.model_copy(update={"per_decode_kv_s": 0})})
+    batch = [(1, 2048)] * 8
+    assert TRUE.step_time(batch) - without.step_time(batch) == pytest.approx(8 * 2048 * 5e-7)
 
 
 def test_repeats_combine_by_their_median_and_point_round_trip():
@@ -76,13 +91,16 @@ def test_steady_window_reads_the_step_time_of_interleaved_streams():
 def test_plan_keeps_what_the_pool_holds():
     shape = ServerShape("m", {"num_gpu_blocks": 160, "block_size": 32, "max_num_seqs": 128,
                               "max_num_batched_tokens": 2048, "max_model_len": 4096})
-    assert decode_fits(shape, 16, 2040, 48) and not decode_fits(shape, 64, 2040, 48)
+    # Each stream has its own prefix: 2 x 66 blocks fit 160, 4 x 66 do not.
+    assert decode_fits(shape, 2, 2040, 48) and not decode_fits(shape, 4, 2040, 48)
+    assert decode_fits(shape, 16, 128, 48) and not decode_fits(shape, 64, 128, 48)
     probes, skipped = plan(shape, lengths=None, batches=[1, 64], contexts=None, repeats=2,
                            decode_tokens=48)
     lengths = sorted({args[0] for kind, args in probes if kind == "prefill" and args[1] == 0})
     assert lengths == [16, 128, 256, 512, 1024, 2048, 4080]  # past 2048: chunked
     assert ("prefill", (512, 1020)) in probes and probes.count(("prefill", (16, 0))) == 2
-    assert ("decode", (1, 4024)) in probes and any("B=64 C=2040" in s for s in skipped)
+    assert ("decode", (1, 4024)) in probes and ("decode", (1, 1020)) in probes
+    assert any("B=64 C=128" in s for s in skipped)
     # The grammar's points run at the shortest context, in whatever order contexts come.
     probes, _ = plan(shape, lengths=[16], batches=[1], contexts=[2048, 256], repeats=1,
                      decode_tokens=48)

@@ -66,10 +66,10 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="the cost-model YAML to write")
     p.add_argument("--lengths", type=positive_int, nargs="+",
                    help="cold prefill lengths (default: 16, then doubling from 128 to the context window)")
-    p.add_argument("--batches", type=positive_int, nargs="+", default=[1, 4, 16, 64],
+    p.add_argument("--batches", type=positive_int, nargs="+", default=[1, 4, 8, 16, 64],
                    help="decode batch sizes B (those over the pool or max_num_seqs are left out)")
     p.add_argument("--contexts", type=positive_int, nargs="+",
-                   help="decode contexts C (default: 128, half and nearly all of the window)")
+                   help="decode contexts C (default: 128, a quarter, half and nearly all of the window)")
     p.add_argument("--repeats", type=positive_int, default=2, help="repeats of each point")
     p.add_argument("--decode-tokens", type=positive_int, default=48,
                    help="tokens each decode stream generates")

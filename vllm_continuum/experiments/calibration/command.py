@@ -34,10 +34,11 @@ from vllm_continuum.experiments.sim.cost_model import load_cost_model
 METHOD = (
     "Measured over HTTP by `vllm-continuum calibrate` on an otherwise idle server. Prefill: "
     "time to first token of prompts nobody sent before (max_tokens 1), cold or after a cached "
-    "prefix, = API overhead + the prefill's chunked steps. Decode: B streams at context C sharing "
-    "a cached prefix; the step time is the inter-token time while all B decode (no API overhead "
-    "in it); the same under a grammar is reported, not fitted. Fitted: step = step_s + per_token_s T "
-    "+ per_pair_s pairs + per_seq_s decodes (sim/cost_model.py), plus api_overhead_s per request's "
+    "prefix, = API overhead + the prefill's chunked steps. Decode: B streams, each at context C "
+    "on its own cached prefix; the step time is the inter-token time while all B decode (no API "
+    "overhead in it); the same under a grammar is reported, not fitted. Fitted: step = step_s + "
+    "per_token_s T + per_pair_s pairs + per_seq_s decodes + per_decode_kv_s (KV entries the decodes "
+    "read) (sim/cost_model.py), plus api_overhead_s per request's "
     "TTFT, by non-negative least squares on relative errors (experiments/calibration/fit.py)."
 )
 WARM_UP_REQUESTS = 2  # a server's first requests pay one-off costs: not part of any point

@@ -5,7 +5,8 @@ chunks) plus, for a time to first token, one request's API overhead. The
 linear cost model (sim/cost_model.py) is linear in its constants, so a
 point's predicted time is a dot product:
 
-    [steps, sum T, sum pairs, sum decodes, overhead?] . [step_s, per_token_s, per_pair_s, per_seq_s, api_overhead_s]
+    [steps, sum T, sum pairs, sum decodes, sum decode_kv, overhead?]
+        . [step_s, per_token_s, per_pair_s, per_seq_s, per_decode_kv_s, api_overhead_s]
 
 with the features read by the same `StepFeatures` the simulator uses. The
 constants are fitted by least squares on relative errors (each row divided
@@ -33,14 +34,15 @@ import numpy as np
 from vllm_continuum.experiments.calibration.probes import Point
 from vllm_continuum.experiments.sim.cost_model import Linear, StepFeatures
 
-TERMS = ("step_s", "per_token_s", "per_pair_s", "per_seq_s", "api_overhead_s")
+TERMS = ("step_s", "per_token_s", "per_pair_s", "per_seq_s", "per_decode_kv_s", "api_overhead_s")
 
 
 def features(point: Point) -> dict[str, float]:
     """What each constant of TERMS is multiplied by in the point's time."""
-    total = sum((StepFeatures.of(batch) for batch in point.steps), StepFeatures(0.0, 0.0, 0.0, 0.0))
+    total = sum((StepFeatures.of(batch) for batch in point.steps), StepFeatures.of(()))
     return {"step_s": float(len(point.steps)), "per_token_s": total.tokens, "per_pair_s": total.pairs,
-            "per_seq_s": total.decodes, "api_overhead_s": float(point.overhead)}
+            "per_seq_s": total.decodes, "per_decode_kv_s": total.decode_kv,
+            "api_overhead_s": float(point.overhead)}
 
 
 def time_of(point: Point, coefficients: dict[str, float]) -> float:

@@ -5,8 +5,9 @@
   past max_num_batched_tokens they run in chunks, so the chunking is measured;
 - prefills on top of a cached prefix of a quarter and a half of the window
   (a resumed agent turn), so that attention to cached tokens is measured;
-- decode steps of B streams at context C for the (B, C) the pool and
-  max_num_seqs allow, and the same under a grammar at the shortest context.
+- decode steps of B streams, each at its own context C, for the (B, C) the
+  pool and max_num_seqs allow, and the same under a grammar at the shortest
+  context.
 
 Each point runs `repeats` times; `measure` (command.py) shuffles them.
 """
@@ -30,12 +31,13 @@ class Probe(NamedTuple):
 
 
 def decode_fits(shape: ServerShape, batch: int, context: int, tokens: int) -> bool:
-    """Whether B streams at context C fit the pool: one copy of the shared prefix,
-    each stream's own blocks, one block of slack."""
+    """Whether B streams at context C fit the pool: each stream's prefix and its own
+    blocks after it, one block of slack. A batch the pool cannot hold is one the
+    engine never runs."""
     bs = shape.block_size
-    own = -(-(DECODE_TAIL + tokens) // bs) + 1
+    per_stream = context // bs + -(-(DECODE_TAIL + tokens) // bs) + 1
     return (batch <= shape.max_num_seqs and context + DECODE_TAIL + tokens <= shape.max_model_len
-            and context // bs + batch * own + 1 <= shape.num_gpu_blocks - 1)
+            and batch * per_stream + 1 <= shape.num_gpu_blocks - 1)
 
 
 def plan(shape: ServerShape, *, lengths: Sequence[int] | None, batches: Sequence[int],
@@ -44,7 +46,7 @@ def plan(shape: ServerShape, *, lengths: Sequence[int] | None, batches: Sequence
     """The probes to run, and the (B, C) left out and why."""
     top = shape.max_model_len - WINDOW_MARGIN
     lengths = list(lengths or [16, *default_lengths(shape.max_model_len)])
-    contexts = sorted(contexts or {128, top // 2, top - decode_tokens - DECODE_TAIL})
+    contexts = sorted(contexts or {128, top // 4, top // 2, top - decode_tokens - DECODE_TAIL})
     probes = [Probe("prefill", (n, 0)) for n in lengths for _ in range(repeats)]
     for cached in sorted({top // 4, top // 2}):
         probes += [Probe("prefill", (min(EXTENDED_PREFILL, top - cached), cached))] * repeats

@@ -10,11 +10,14 @@ is not subtracted here: the fit takes it as one unknown shared by all these
 points (`api_overhead_s`), which is the small-prompt baseline done by least
 squares.
 
-**Decode** (`decode_point`): B streams at context C. A prefix of C tokens is
-sent first, so that the B requests (the prefix plus a few tokens of their
-own) find it cached, prefill only their own tokens together, and then decode
-side by side; the pool holds one copy of the prefix (attention still reads C
-entries per sequence). In the window where all B streams are decoding (after
+**Decode** (`decode_point`): B streams at context C. Each stream's prefix of
+C tokens is sent first, so that the B requests (their prefix plus a few
+tokens of their own) find it cached, prefill only their own tokens together,
+and then decode side by side, each reading its own C entries, as a replay's
+streams do. (One prefix shared by all B, as this probe did before, stays in
+cache memory once read and understated a replay's decode steps: with the
+model on one thread, own / shared 0.96-1.13x at B x C up to 8k, more beyond;
+docs/calibration.md.) B x C must then fit the pool (grid.py). In the window where all B streams are decoding (after
 the last first token, before the first finish), each stream's tokens arrive
 one engine step apart: the step time is the window's duration over the tokens
 a stream received in it (the median over streams). An inter-token gap holds no
@@ -187,16 +190,15 @@ def steady_step_s(streams: list[list[tuple[float, int]]]) -> tuple[float, dict]:
 
 async def decode_point(client: httpx.AsyncClient, model: str, prompts: Prompts, batch: int,
                        context: int, tokens: int, block_size: int, guided: bool = False,
-                       own_prefixes: bool = False) -> Point:
+                       shared_prefix: bool = False) -> Point:
     """`guided`: the streams decode under a grammar (structured outputs, as a tool call
     is written without client hints): `tokens` digits, which the simulator does not
     model; the point is a diagnostic, kind GUIDED, left out of the fit.
-    `own_prefixes`: each stream's context is its own cached prefix, as in a replay,
-    instead of one prefix they all share (B x context must then fit the pool;
-    scripts/decode_prefix_probe.py compares the two)."""
+    `shared_prefix`: the streams share one cached prefix instead of each having its
+    own (the probe before; scripts/decode_prefix_probe.py compares the two)."""
     n = context // block_size * block_size
-    prefixes = [prompts.fresh(n) for _ in range(batch)] if own_prefixes else [prompts.fresh(n)] * batch
-    for prefix in prefixes if own_prefixes else prefixes[:1]:
+    prefixes = [prompts.fresh(n)] * batch if shared_prefix else [prompts.fresh(n) for _ in range(batch)]
+    for prefix in prefixes[:1] if shared_prefix else prefixes:
         if prefix:
             await _warm(client, model, prefix)
     body = {"model": model, "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True}
@@ -210,6 +212,8 @@ async def decode_point(client: httpx.AsyncClient, model: str, prompts: Prompts, 
     if any(len(chunks) < 2 for chunks in streams):
         raise RuntimeError(f"a decode stream of {tokens} tokens sent under 2 chunks")
     step, detail = steady_step_s(streams)
+    # What each stream found cached, where the server reports it: its prefix's n tokens.
+    detail |= {"shared_prefix": shared_prefix, "cache_hit_tokens": [_cached(u) for _, _, u in results]}
     # The window's mean position: contexts grow by one token a step.
     mid = n + DECODE_TAIL + round(tokens - detail["tokens_per_stream"] / 2)
     decoding = detail["batch_decoding"]  # the step held this many decodes (B, unless staggered)

@@ -37,7 +37,9 @@ from vllm_continuum.experiments.calibration.probes import (
 from vllm_continuum.experiments.sim.cost_model import CostModel
 
 # (kind, args) as calibrate's grid (grid.py): prefill (new, cached), decode (batch, context).
-PROBES = (("prefill", (512, 0)), ("prefill", (256, 1024)), ("decode", (4, 512)))
+# The decode's streams each have their own prefix, as calibrate's since it measures
+# decode attention (replays before that recorded (4, 512) on one shared prefix).
+PROBES = (("prefill", (512, 0)), ("prefill", (256, 1024)), ("decode", (4, 256)))
 REPEATS = 3
 DECODE_TOKENS = 48  # as calibrate's default: enough steps side by side on a fast machine
 WHEN = ("before", "after")  # the replay's probes, as run.meta["speed_probe"] keys them

@@ -8,6 +8,7 @@ of c_i tokens already in their KV cache (a decode has n_i = 1):
     T     = sum n_i                                 tokens computed
     pairs = sum n_i * c_i + n_i * (n_i + 1) / 2     (query, key) pairs of causal attention
     kv    = sum (c_i + n_i)                         KV entries read
+    decode_kv = sum over decodes of c_i             KV entries the decodes read
 
 - `roofline` (a GPU, from its datasheet and the model's shape):
       step = overhead + max(compute, memory)
@@ -16,6 +17,11 @@ of c_i tokens already in their KV cache (a decode has n_i = 1):
 - `linear` (fitted on a machine: `vllm-continuum calibrate`, or from a
   `profile` by `fit-cost-model`):
       step = step_s + per_token_s * T + per_pair_s * pairs + per_seq_s * (decoding requests)
+             + per_decode_kv_s * decode_kv
+  A prefill chunk reads each cached KV entry once for all its queries; a
+  decode reads its whole context for one query, so its attention is bound
+  by memory, not arithmetic, and costs more per pair: `per_decode_kv_s` is
+  that extra, measured on decodes of distinct contexts (calibration/probes.py).
 
 `api_overhead_s` is the time a request spends outside the engine's steps
 (HTTP, streaming, the API server's queues), measured by `calibrate`: the
@@ -58,6 +64,7 @@ class Linear(BaseModel):
     per_token_s: float = Field(ge=0)
     per_pair_s: float = Field(ge=0)
     per_seq_s: float = Field(0.0, ge=0)
+    per_decode_kv_s: float = Field(0.0, ge=0)
 
 
 class StepFeatures(NamedTuple):
@@ -69,17 +76,20 @@ class StepFeatures(NamedTuple):
     pairs: float
     kv: float
     decodes: float
+    decode_kv: float
 
     @classmethod
     def of(cls, batch: Iterable[tuple[int, int]]) -> StepFeatures:
         """batch: (new tokens, tokens already cached) per scheduled request."""
-        tokens = pairs = kv = decodes = 0.0
+        tokens = pairs = kv = decodes = decode_kv = 0.0
         for n, c in batch:
             tokens += n
             pairs += n * c + n * (n + 1) / 2
             kv += c + n
-            decodes += n == 1 and c > 0
-        return cls(tokens, pairs, kv, decodes)
+            if n == 1 and c > 0:
+                decodes += 1
+                decode_kv += c
+        return cls(tokens, pairs, kv, decodes, decode_kv)
 
     def __add__(self, other: StepFeatures) -> StepFeatures:  # several steps' sum
         return StepFeatures(*(a + b for a, b in zip(self, other)))
@@ -122,7 +132,7 @@ class CostModel(BaseModel):
             return r.overhead_s + max(compute, memory)
         lin = self.linear
         return (lin.step_s + lin.per_token_s * f.tokens + lin.per_pair_s * f.pairs
-                + lin.per_seq_s * f.decodes)
+                + lin.per_seq_s * f.decodes + lin.per_decode_kv_s * f.decode_kv)
 
     def prefill_steps(self, num_tokens: int, cached: int = 0) -> list[tuple[int, int]]:
         """The steps of a lone prefill of num_tokens on top of `cached` tokens, chunked
