@@ -149,13 +149,15 @@ class ContinuumConfig(BaseSettings):
         "calls a tool's own durations carry half the weight.",
     )
     pin_cost: Literal["always", "pressure", "demand"] = Field(
-        "pressure",
-        description="continuum: what a pin's memory costs per second. always (Eq. 2): "
-        "all of it, as if it always kept someone out. pressure: only the share of the "
-        "pin's own blocks that the waiting requests need beyond the free pool (zero on "
-        "a quiet server: pin until the slowest call returns, within max_ttl_s). demand: "
-        "nothing (the TTL is max_ttl_s). With pressure and demand, once waiting requests "
-        "need a pin's blocks it keeps them only for the TTL Eq. 2 gives at full cost.",
+        "demand",
+        description="continuum: when a pin's memory is charged. demand: only while a request "
+        "entitled to it (a preempted one, or one with the waiting bound: under admission: "
+        "program, one without a session) needs its blocks: the pin lasts until the next turn "
+        "(within max_ttl_s), and once such a request needs its blocks it keeps them only for "
+        "the TTL Eq. 2 gives at full cost. "
+        "pressure: the same, and the TTL itself is Eq. 2 with the cost scaled by the share "
+        "of the pin's own blocks those requests need beyond the free pool when it is made. "
+        "always (the paper's Eq. 2): all of it, always.",
     )
     duration_history: int = Field(
         1000, ge=1, description="continuum: newest tool durations kept per tool."

@@ -207,14 +207,15 @@ def test_a_pin_of_blocks_others_already_hold_costs_nothing():
 
 
 def test_a_cheap_pin_gives_way_to_waiting_requests_once_past_eq2s_ttl():
-    """Made on a quiet pool, A's pin gets 8 s where Eq. 2 gives 1 s. Under
-    `hold`, a waiting request that needs its blocks while other work runs is
-    kept waiting for the first second, then gets them; a pin of Eq. 2's cost
-    (`pin_cost: always`) is held its whole TTL."""
+    """Made on a quiet pool, A's pin gets 8 s (`pin_cost: pressure`) or the cap
+    (`demand`, what ships) where Eq. 2 gives 1 s. Under `hold`, a waiting
+    request that needs its blocks while other work runs is kept waiting for
+    the first second, then gets them; a `forever` pin (no contested TTL) is
+    held its whole TTL."""
     quiet = lambda counted: PoolState(free_blocks=50, demand_blocks=0)  # noqa: E731
-    for cost, released_at in (("pressure", 1.0), ("always", None)):
-        c, ledger, clock = eq2_controller(quiet, pin_cost=cost, ttl_policy="continuum"
-                                          if cost == "pressure" else "forever")
+    for ttl_policy, cost, released_at in (("continuum", "pressure", 1.0), ("continuum", "demand", 1.0),
+                                          ("forever", "always", None)):
+        c, ledger, clock = eq2_controller(quiet, pin_cost=cost, ttl_policy=ttl_policy)
         assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="t")
         newcomer = Req("n", None, [8, 9])
         c.on_arrival(newcomer, None)

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from vllm_continuum.core.pressure import pressure_variants
-from vllm_continuum.experiments.shipped_before import CAPPED
+from vllm_continuum.experiments.shipped_before import CAPPED, PRESSURE
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,9 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     "default": Flavour("default", "continuum", {}),
     "never": Flavour("never", "continuum", {"ttl_policy": "never"}),
     # What shipped from issue 19 until the caps opened.
-    "default-capped": Flavour("default-capped", "continuum", CAPPED),
+    "default-capped": Flavour("default-capped", "continuum", CAPPED | PRESSURE),
+    # What shipped from the caps' opening until the pin cost became `demand`.
+    "default-pressure": Flavour("default-pressure", "continuum", PRESSURE),
     # The shipped TTL policy in the paper's queue order: what `sessionless_first`
     # costs the agents and buys the one-shot requests, live (docs/benchmarks.md).
     "continuum-program-fcfs": Flavour(

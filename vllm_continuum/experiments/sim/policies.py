@@ -18,6 +18,7 @@ from pathlib import Path
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.pressure import pressure_variants
 from vllm_continuum.experiments.shipped_before import CAPPED as CAPPED_SETTINGS
+from vllm_continuum.experiments.shipped_before import PRESSURE as PRESSURE_SETTINGS
 from vllm_continuum.experiments.sim.cost_model import CostModel
 from vllm_continuum.experiments.sim.driver import SimClock, new_scheduler
 from vllm_continuum.experiments.sim.oracle import oracle_policy_factory
@@ -28,6 +29,8 @@ from vllm_continuum.tools.atomic_dir import replacing_dir
 # labels keep them, so that a published result keeps its meaning.
 CAPPED = {k.upper(): str(v) for k, v in CAPPED_SETTINGS.items()}
 OPEN_CAPS = {"MAX_PINNED_FRACTION": "0.95", "MAX_SESSION_PINNED_FRACTION": "1"}
+# The pin cost every label of the learned TTL below ran under before `demand`.
+PRESSURE = {k.upper(): v for k, v in PRESSURE_SETTINGS.items()}
 
 # The paper's settings besides the TTL policy: the baselines run with them
 # whatever the shipped defaults are, so that a label keeps its meaning. They
@@ -54,11 +57,11 @@ CANDIDATES: dict[str, dict[str, str]] = {
 # same scheduler with the bound relaxed by hand (10 s, or none), under the
 # learned TTL or `forever`, with the caps as shipped then or opened (as the
 # issue's first measurement did): "best in hindsight" must include them.
-ISSUE12_DEFAULT = {"ADMISSION": "request", **CAPPED}
+ISSUE12_DEFAULT = {"ADMISSION": "request", **CAPPED, **PRESSURE}
 RELAXED: dict[str, dict[str, str]] = {
     "default-request": ISSUE12_DEFAULT,
     # What shipped from issue 19 until the caps opened: program admission, capped.
-    "default-capped": CAPPED,
+    "default-capped": {**CAPPED, **PRESSURE},
     "forever-program": {"TTL_POLICY": "forever", **CAPPED},
     **{f"bound{label}-{ttl}": {**ISSUE12_DEFAULT, "MAX_QUEUE_DELAY_S": bound, "TTL_POLICY": ttl}
        for label, bound in (("10", "10"), ("inf", "100000")) for ttl in ("continuum", "forever")},
@@ -67,8 +70,11 @@ RELAXED: dict[str, dict[str, str]] = {
     # Program admission with the caps opened and the one-shot bound kept (the
     # variant above drops it): measured as candidates, `default-open-caps` is
     # what ships since (docs/benchmarks.md, "Opening the caps").
-    "default-open-caps": OPEN_CAPS,
+    "default-open-caps": {**OPEN_CAPS, **PRESSURE},
     "forever-program-open-caps": {"TTL_POLICY": "forever", **OPEN_CAPS},
+    # What shipped from the caps' opening until the pin cost became `demand`: the
+    # TTL itself shortened by the entitled demand of the moment the pin is made.
+    "default-pressure": PRESSURE,
 }
 
 # Baseline label -> its TTL policy ("oracle*" get an oracle TTL policy, oracle.py).
