@@ -55,6 +55,17 @@ def test_a_term_the_data_contradicts_is_held_at_zero():
     assert all(v >= 0 for v in fit.coefficients.values())
 
 
+def test_a_decode_window_with_most_streams_apart_is_refused():
+    """Eight streams that never overlapped (each read after the one before had
+    finished): the widest window holds one stream, not a step of batch 8; three
+    of four side by side still time a batch of three."""
+    serial = [[(s + 0.02 * k, 1) for k in range(48)] for s in range(8)]
+    with pytest.raises(RuntimeError, match="only 1 of 8"):
+        steady_step_s(serial)
+    overlapping = [[(0.02 * k, 1) for k in range(48)] for _ in range(3)] + [serial[5]]
+    assert steady_step_s(overlapping)[1]["batch_decoding"] == 3
+
+
 def test_decode_attention_is_its_own_term():
     """A decode reads its whole context for one query: the step model's decode KV
     term counts the decodes' context entries, nothing of a prefill's, so a model
@@ -73,6 +84,12 @@ def test_repeats_combine_by_their_median_and_point_round_trip():
     normal = [Point("decode", {"batch": 1, "context": 128}, [[(1, 160)]], t, False) for t in (0.02, 0.03)]
     (combined,) = combine_repeats([spike, *normal])
     assert combined.measured_s == 0.03 and combined.detail["repeats_s"] == [0.5, 0.02, 0.03]
+    # A repeat that ran another batch (staggered streams) lends the point neither
+    # its time nor its steps: the point is the repeat at the median.
+    odd = Point("decode", {"batch": 4, "context": 64}, [[(1, 80)]], 1e-5, False)
+    full = [Point("decode", {"batch": 4, "context": 64}, [[(1, 80)] * 4], t, False) for t in (0.03, 0.02)]
+    (combined,) = combine_repeats([odd, *full])
+    assert (combined.measured_s, combined.steps) == (0.02, [[(1, 80)] * 4])
     batch = Point("decode", {"batch": 3, "context": 64}, [[(1, 80)] * 3], 0.1, False)
     assert batch.to_json()["steps"] == [[[1, 80, 3]]]
     assert Point.from_json(batch.to_json()) == batch

@@ -85,16 +85,18 @@ class Fit:
 
 def combine_repeats(points: Sequence[Point]) -> list[Point]:
     """One point per grid point (kind and params): the median of its repeats' times,
-    the first repeat's steps, every repeat's time in detail["repeats_s"]."""
+    with the steps of the repeat at the median (a decode repeat's batch is what ran
+    side by side, which may differ between repeats), every repeat's time in
+    detail["repeats_s"]."""
     groups: dict[tuple, list[Point]] = {}
     for p in points:
         groups.setdefault((p.kind, tuple(sorted(p.params.items()))), []).append(p)
     out = []
     for same in groups.values():
         times = [p.measured_s for p in same]
-        first = same[0]
-        out.append(Point(first.kind, first.params, first.steps, float(np.median(times)),
-                         first.overhead, {**first.detail, "repeats_s": times}))
+        middle = sorted(same, key=lambda p: p.measured_s)[(len(same) - 1) // 2]
+        out.append(Point(middle.kind, middle.params, middle.steps, float(np.median(times)),
+                         middle.overhead, {**middle.detail, "repeats_s": times}))
     return out
 
 

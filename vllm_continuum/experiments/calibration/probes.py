@@ -182,6 +182,11 @@ def steady_step_s(streams: list[list[tuple[float, int]]]) -> tuple[float, dict]:
     if len(per_stream) < batch or statistics.median(tokens_in_window) < MIN_WINDOW_STEPS:
         raise RuntimeError(f"{len(streams)} decode streams never decoded side by side for "
                            f"{MIN_WINDOW_STEPS} steps: raise --decode-tokens or lower --batches")
+    # Fewer than half side by side: the streams did not run as one batch (one
+    # stream's tokens were read in a burst after the others', 47 in under 1 ms,
+    # seen once): what the window times is not a step of this point.
+    if batch < (len(streams) + 1) // 2:
+        raise RuntimeError(f"only {batch} of {len(streams)} decode streams ran side by side")
     step = statistics.median(per_stream)
     return step, {"window_s": end - start, "tokens_per_stream": statistics.median(tokens_in_window),
                   "batch_decoding": batch, "stream_step_s_min": min(per_stream),
