@@ -15,9 +15,9 @@ C tokens is sent first, so that the B requests (their prefix plus a few
 tokens of their own) find it cached, prefill only their own tokens together,
 and then decode side by side, each reading its own C entries, as a replay's
 streams do. (One prefix shared by all B, as this probe did before, stays in
-cache memory once read and understated a replay's decode steps: with the
-model on one thread, own / shared 0.96-1.13x at B x C up to 8k, more beyond;
-docs/calibration.md.) B x C must then fit the pool (grid.py). In the window where all B streams are decoding (after
+the CPU's caches once read, and the replays' decode-only steps ran 1.2-1.4x
+what it measured; docs/calibration.md.) B x C must then fit the pool
+(grid.py). In the window where all B streams are decoding (after
 the last first token, before the first finish), each stream's tokens arrive
 one engine step apart: the step time is the window's duration over the tokens
 a stream received in it (the median over streams). An inter-token gap holds no
@@ -183,8 +183,8 @@ def steady_step_s(streams: list[list[tuple[float, int]]]) -> tuple[float, dict]:
         raise RuntimeError(f"{len(streams)} decode streams never decoded side by side for "
                            f"{MIN_WINDOW_STEPS} steps: raise --decode-tokens or lower --batches")
     # Fewer than half side by side: the streams did not run as one batch (one
-    # stream's tokens were read in a burst after the others', 47 in under 1 ms,
-    # seen once): what the window times is not a step of this point.
+    # stream's tokens were read in a burst after the others', 47 in under 1 ms):
+    # what the window times is not a step of this point.
     if batch < (len(streams) + 1) // 2:
         raise RuntimeError(f"only {batch} of {len(streams)} decode streams ran side by side")
     step = statistics.median(per_stream)
