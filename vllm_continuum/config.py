@@ -54,11 +54,12 @@ class ContinuumConfig(BaseSettings):
     )
 
     ttl_policy: Literal["continuum", "fixed", "never", "forever"] = Field(
-        "continuum",
-        description="Where TTLs come from. continuum: the paper's cost/benefit model, "
-        "learned online, at the cost `pin_cost` says. forever: until the next turn, the "
-        "last turn or pressure, bounded by `max_ttl_s`. fixed: `tool_ttl_s`, else "
-        "`default_ttl_s`. never: no pins (stock behaviour, for A/B runs).",
+        "forever",
+        description="Where TTLs come from. forever: until the next turn, the last turn or "
+        "pressure, bounded by `max_ttl_s` (measured best, live and simulated: "
+        "docs/ttl-model.md). continuum: the paper's cost/benefit model, learned online, at "
+        "the cost `pin_cost` says. fixed: `tool_ttl_s`, else `default_ttl_s`. never: no "
+        "pins (stock behaviour, for A/B runs).",
     )
     default_ttl_s: float = Field(2.0, ge=0, description="fixed: TTL of a tool without its own entry.")
     tool_ttl_s: dict[str, float] = Field(

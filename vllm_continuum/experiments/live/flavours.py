@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from vllm_continuum.core.pressure import pressure_variants
-from vllm_continuum.experiments.shipped_before import CAPPED, PRESSURE
+from vllm_continuum.experiments.shipped_before import CAPPED, DEMAND, PRESSURE
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     "default-capped": Flavour("default-capped", "continuum", CAPPED | PRESSURE),
     # What shipped from the caps' opening until the pin cost became `demand`.
     "default-pressure": Flavour("default-pressure", "continuum", PRESSURE),
+    # What shipped from then until `forever` did: the learned TTL charged on demand.
+    "default-demand": Flavour("default-demand", "continuum", DEMAND),
     # The shipped TTL policy in the paper's queue order: what `sessionless_first`
     # costs the agents and buys the one-shot requests, live (docs/benchmarks.md).
     "continuum-program-fcfs": Flavour(

@@ -18,6 +18,7 @@ from pathlib import Path
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.pressure import pressure_variants
 from vllm_continuum.experiments.shipped_before import CAPPED as CAPPED_SETTINGS
+from vllm_continuum.experiments.shipped_before import DEMAND as DEMAND_SETTINGS
 from vllm_continuum.experiments.shipped_before import PRESSURE as PRESSURE_SETTINGS
 from vllm_continuum.experiments.sim.cost_model import CostModel
 from vllm_continuum.experiments.sim.driver import SimClock, new_scheduler
@@ -29,8 +30,10 @@ from vllm_continuum.tools.atomic_dir import replacing_dir
 # labels keep them, so that a published result keeps its meaning.
 CAPPED = {k.upper(): str(v) for k, v in CAPPED_SETTINGS.items()}
 OPEN_CAPS = {"MAX_PINNED_FRACTION": "0.95", "MAX_SESSION_PINNED_FRACTION": "1"}
-# The pin cost every label of the learned TTL below ran under before `demand`.
+# The learned TTL at the pin cost every label of it below ran under before
+# `demand`; and charged on demand, as it shipped until `forever` did.
 PRESSURE = {k.upper(): v for k, v in PRESSURE_SETTINGS.items()}
+DEMAND = {k.upper(): v for k, v in DEMAND_SETTINGS.items()}
 
 # The paper's settings besides the TTL policy: the baselines run with them
 # whatever the shipped defaults are, so that a label keeps its meaning. They
@@ -71,8 +74,10 @@ RELAXED: dict[str, dict[str, str]] = {
     # variant above drops it): measured as candidates, `default-open-caps`
     # shipped from then (docs/benchmarks.md, "Opening the caps") until the pin
     # cost became `demand`; `default-pressure` is the same, named for that change.
+    # `default-demand` shipped from then until `forever-program-open-caps` did.
     "default-open-caps": {**OPEN_CAPS, **PRESSURE},
     "default-pressure": {**OPEN_CAPS, **PRESSURE},
+    "default-demand": {**OPEN_CAPS, **DEMAND},
     "forever-program-open-caps": {"TTL_POLICY": "forever", **OPEN_CAPS},
 }
 
