@@ -139,13 +139,15 @@ def test_programs_are_admitted_in_arrival_order_and_all_finish(tiny_model_dir, a
     assert counts["free"] == counts["pool"]
 
 
+@pytest.mark.parametrize("ttl_policy", ["forever", "continuum"])
 @pytest.mark.parametrize("admission", ["program", "request"])
-def test_a_one_shot_keeps_its_waiting_bound(tiny_model_dir, async_scheduling, admission):
+def test_a_one_shot_keeps_its_waiting_bound(tiny_model_dir, async_scheduling, admission, ttl_policy):
     """A 400-token one-shot arrives while the batch keeps the pool full: it is
     admitted within the bound (1 s = 10 steps) plus the agent turns already
-    running, as under the previous rule."""
+    running, as under the previous rule; with the shipped TTL (pins wait for
+    the bound) and the learned one (contested pins may give way sooner)."""
     a = agents(tiny_model_dir, async_scheduling, "continuum", BATCH, admission=admission,
-               max_queue_delay_s=1.0)
+               max_queue_delay_s=1.0, ttl_policy=ttl_policy, cold_start_samples=0)
     a.run(40)
     rid = a.add_one_shot(400)
     a.run(200, until=lambda: a.one_shots[rid][1] is not None)

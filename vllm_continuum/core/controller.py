@@ -13,7 +13,8 @@ requests as vLLM gives them (only the attributes of `TurnRequest` are read).
   step of grace for a queued next turn), an allocation needed its blocks
   (`retry_with_pins_released`, as `pressure.py` allows, in the order
   latest-arriving program first), the cap made room, a pin past its
-  contested TTL gave way to a waiting request (`pin_cost: pressure|demand`),
+  contested TTL gave way to a waiting request (the learned TTL, `pin_cost:
+  pressure|demand`),
   the session ended or aborted (`on_finished`), or a newer pin of the same
   context holds all its blocks.
 - The waiting queue (`waiting_queue.py`) asks its `queue` (`queue_rules.py`)

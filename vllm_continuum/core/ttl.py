@@ -18,11 +18,14 @@ PrefillReload(r)). MemUsage/M cancels, leaving
 Two settings change its inputs: `duration_estimator: shrunk` (off by
 default) replaces the switch to a tool's own CDF at K samples by a CDF
 shrunk toward the all-tools one (`shrinkage.py`), and `pin_cost` (default
-`pressure`; `always` is the paper's) charges tau only for the memory the
-waiting demand needs (`pin_value.py`): Eq. 2 with B / pressure. Such a
-pin may outlive what Eq. 2 would give it at full cost; once waiting
-requests need its blocks it holds only that long (`contested_ttl_s`), so a
-pin made on a quiet server is cut back to Eq. 2 when the server fills up.
+`demand`; `always` is the paper's) charges tau only while, or only for the
+memory, waiting requests entitled to it need (`pin_value.py`). Such a pin
+may outlive what Eq. 2 would give it at full cost; once those requests
+need its blocks it holds only that long (`contested_ttl_s`).
+
+`ForeverTTLPolicy` ships: under program admission and the waiting bound
+the rules around a pin, not its TTL, keep it from costing others, and
+giving pins up at the contested TTL measured worse (docs/ttl-model.md).
 """
 
 from __future__ import annotations
