@@ -26,14 +26,20 @@ from vllm_continuum.experiments.sim.oracle import oracle_policy_factory
 from vllm_continuum.metrics.stats import ContinuumStats
 from vllm_continuum.tools.atomic_dir import replacing_dir
 
+
+def _as_sim_settings(settings: dict) -> dict[str, str]:
+    """`shipped_before`'s config fields as this module's CONTINUUM_*-style settings."""
+    return {k.upper(): str(v) for k, v in settings.items()}
+
+
 # The caps every label below ran under before they opened (0.95 / 1.0): the
 # labels keep them, so that a published result keeps its meaning.
-CAPPED = {k.upper(): str(v) for k, v in CAPPED_SETTINGS.items()}
+CAPPED = _as_sim_settings(CAPPED_SETTINGS)
 OPEN_CAPS = {"MAX_PINNED_FRACTION": "0.95", "MAX_SESSION_PINNED_FRACTION": "1"}
 # The learned TTL at the pin cost every label of it below ran under before
 # `demand`; and charged on demand, as it shipped until `forever` did.
-PRESSURE = {k.upper(): v for k, v in PRESSURE_SETTINGS.items()}
-DEMAND = {k.upper(): v for k, v in DEMAND_SETTINGS.items()}
+PRESSURE = _as_sim_settings(PRESSURE_SETTINGS)
+DEMAND = _as_sim_settings(DEMAND_SETTINGS)
 
 # The paper's settings besides the TTL policy: the baselines run with them
 # whatever the shipped defaults are, so that a label keeps its meaning. They
