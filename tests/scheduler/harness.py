@@ -218,6 +218,6 @@ def assert_all_free(driver: Driver) -> None:
     s = driver.scheduler
     from vllm_continuum.core.pin_table import ReleaseReason
 
-    s.continuum.release_all(ReleaseReason.RESET)
+    s.continuum.releaser.release_all(ReleaseReason.RESET)
     counts = audit(s)
     assert counts["free"] == counts["pool"], counts

@@ -422,7 +422,7 @@ def test_the_ttl_is_decided_on_the_tokens_the_pin_keeps(build):
             asked.append(turn.num_context_tokens)
             return super().choose(turn)
 
-    s.continuum.ttl_policy = Recorder(2.0, {}, 30.0)
+    s.continuum.maker.ttl_policy = Recorder(2.0, {}, 30.0)
     t1 = first_turn(d, "A", prompt_len=400)  # 26 blocks
     assert s.continuum.pins.get("A").num_blocks == 15
     assert asked == [15 * BLOCK_SIZE] and t1.num_tokens > 15 * BLOCK_SIZE

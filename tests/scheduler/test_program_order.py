@@ -134,7 +134,7 @@ def test_programs_are_admitted_in_arrival_order_and_all_finish(tiny_model_dir, a
     assert firsts == sorted(firsts), f"a later program's first turn went first: {firsts}"
     s = a.driver.scheduler
     assert s.continuum.stats.releases_by_reason.get("resumed", 0) > 0
-    s.continuum.release_all(ReleaseReason.RESET)
+    s.continuum.releaser.release_all(ReleaseReason.RESET)
     counts = audit(s)
     assert counts["free"] == counts["pool"]
 

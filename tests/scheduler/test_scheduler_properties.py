@@ -110,14 +110,14 @@ def scheduler_machine(
             self.s._preempt_request = preempt
 
         def _watch_grace(self):
-            stock = self.s.continuum._release
+            stock = self.s.continuum.releaser.release
 
             def release(pin, reason):
                 if pin.grace_step is not None and self.s.continuum.pins.holds(pin):
                     seen[f"grace then {reason.value}"] += 1
                 return stock(pin, reason)
 
-            self.s.continuum._release = release
+            self.s.continuum.releaser.release = release
 
         def _slow_vllm_calls(self):
             """Time passes inside vLLM's own calls within a step (prefix lookup,
@@ -320,7 +320,7 @@ def scheduler_machine(
             self._flush()
             self.s.finish_requests(None, RequestStatus.FINISHED_ABORTED)
             assert not self.s.continuum.turns
-            self.s.continuum.release_all(ReleaseReason.RESET)
+            self.s.continuum.releaser.release_all(ReleaseReason.RESET)
             stats = self.s.continuum.stats
             seen["pins"] += sum(stats.pins_by_tool.values())
             seen["programs ended"] += len(self.s.continuum.workload.programs)

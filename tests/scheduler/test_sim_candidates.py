@@ -25,7 +25,7 @@ def test_candidates_carry_their_settings_and_a_pool_state(profile_path):
     assert (config.pin_cost, config.queue_order, config.pressure_policy) == (
         "pressure", "sessionless_first", "yield")
     # An empty scheduler: every usable block free, nothing waiting.
-    assert built.scheduler.continuum.pool_state() == PoolState(SMALL.num_gpu_blocks - 1, 0)
+    assert built.scheduler.continuum.maker.pool_state() == PoolState(SMALL.num_gpu_blocks - 1, 0)
 
 
 @pytest.mark.parametrize("policy", sorted(CANDIDATES))

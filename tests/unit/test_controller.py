@@ -234,7 +234,7 @@ def test_an_allocation_releases_the_fewest_pins_covering_its_shortfall(policy, r
     run(c, ledger, Req("b1", "B", [4, 5], arrival_time=1.0))
     newcomer = Req("n", None, [8, 9], arrival_time=2.0)
     c.on_arrival(newcomer, None)
-    result = c.retry_with_pins_released(
+    result = c.releaser.retry_with_pins_released(
         newcomer, lambda: "blocks", shortfall=2, keep=frozenset(), running=running,
         preempted=False, waiting=not running, anything_running=True,
     )
@@ -264,7 +264,7 @@ def test_under_program_admission_only_one_shots_have_the_waiting_bound(admission
     assert c.queue.overdue(program) is (admission == "request")
 
     def allocate(req):
-        return c.retry_with_pins_released(
+        return c.releaser.retry_with_pins_released(
             req, lambda: "blocks", shortfall=2, keep=frozenset(), running=False,
             preempted=False, waiting=True, anything_running=True)
 
@@ -282,7 +282,7 @@ def test_an_endless_program_loses_its_precedence():
     turn = Req("a2", "A", [1, 2, 3, 4], arrival_time=150.5)
     c.on_arrival(turn, None)
     assert c.queue.queue_key(turn)[1] == 150.5 > c.queue.queue_key(new)[1]  # behind the newcomer
-    assert c.retry_with_pins_released(
+    assert c.releaser.retry_with_pins_released(
         new, lambda: "blocks", shortfall=3, keep=frozenset(), running=False,
         preempted=False, waiting=True, anything_running=True) == "blocks"
 
@@ -291,7 +291,7 @@ def test_a_retry_that_still_fails_restores_every_pin():
     c, ledger, _ = controller(pressure_policy="yield")
     run(c, ledger, Req("a1", "A", [1, 2, 3]))
     before = dict(ledger.refs)
-    result = c.retry_with_pins_released(
+    result = c.releaser.retry_with_pins_released(
         Req("n", None, [8]), lambda: None, shortfall=1, keep=frozenset(), running=False,
         preempted=False, waiting=True, anything_running=False,
     )
@@ -302,7 +302,7 @@ def test_a_retry_that_still_fails_restores_every_pin():
 def test_pins_that_cannot_cover_the_shortfall_are_not_released_for_nothing():
     c, ledger, _ = controller(pressure_policy="yield")
     run(c, ledger, Req("a1", "A", [1, 2]))
-    assert c.retry_with_pins_released(
+    assert c.releaser.retry_with_pins_released(
         Req("n", None, [8]), lambda: "blocks", shortfall=3, keep=frozenset(), running=True,
         preempted=False, waiting=False, anything_running=True,
     ) is None

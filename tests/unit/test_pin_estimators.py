@@ -221,7 +221,7 @@ def test_a_cheap_pin_gives_way_to_waiting_requests_once_past_eq2s_ttl():
         c.on_arrival(newcomer, None)
         for now in (0.5, 1.0):
             clock.now = now
-            got = c.retry_with_pins_released(
+            got = c.releaser.retry_with_pins_released(
                 newcomer, lambda: "blocks", shortfall=2, keep=frozenset(), running=False,
                 preempted=False, waiting=True, anything_running=True,
             )

@@ -100,7 +100,7 @@ class ContinuumSchedulerMixin:
             on_miss=self._stats.on_affinity_miss,
             max_sessions=cfg.max_tracked_sessions,
         )
-        note = getattr(self.continuum.ttl_policy, "profile_note", lambda n: None)(self.max_model_len)
+        note = getattr(self.continuum.maker.ttl_policy, "profile_note", lambda n: None)(self.max_model_len)
         if note:
             logger.warning("continuum: %s", note)
         if not pinning:
@@ -126,7 +126,7 @@ class ContinuumSchedulerMixin:
     # ------------------------------------------------------------------ hooks
     def add_request(self, request: Request) -> None:
         c = self.continuum
-        c.release_expired(grace_until=c.step + 1)
+        c.releaser.release_expired(grace_until=c.step + 1)
         if request.request_id not in self.requests:
             params = request.sampling_params
             c.on_arrival(request, getattr(params, "extra_args", None) if params is not None else None)
@@ -199,12 +199,12 @@ class ContinuumSchedulerMixin:
 
     def reset_prefix_cache(self, *args, **kwargs) -> bool:
         # Pinned blocks are referenced, and a referenced block fails the reset.
-        self.continuum.release_all(ReleaseReason.RESET)
+        self.continuum.releaser.release_all(ReleaseReason.RESET)
         self._publish()
         return super().reset_prefix_cache(*args, **kwargs)
 
     def shutdown(self) -> None:
-        self.continuum.release_all(ReleaseReason.RESET)
+        self.continuum.releaser.release_all(ReleaseReason.RESET)
         self._publish()
         super().shutdown()
 
@@ -215,7 +215,7 @@ class ContinuumSchedulerMixin:
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
         if blocks is None and self.continuum.pins:
             hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
-            blocks = self.continuum.retry_with_pins_released(
+            blocks = self.continuum.releaser.retry_with_pins_released(
                 request,
                 lambda: self._stock_allocate_slots(request, *args, **kwargs),
                 shortfall=self._ledger.shortfall(request, args, kwargs),
@@ -238,7 +238,7 @@ class ContinuumSchedulerMixin:
         c = self.continuum
         stats.publish(
             pins=c.pins, pool_size=self._ledger.pool_size, now=c.clock(),
-            idle=not self.has_requests(), held=c.held,
+            idle=not self.has_requests(), held=c.releaser.held,
         )
 
     def _oldest_waiting(self) -> float | None:

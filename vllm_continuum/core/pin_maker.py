@@ -1,0 +1,135 @@
+"""What a finished tool-call turn keeps pinned: how much, for how long, and
+whom it displaces. The one place a pin enters the table.
+
+- How much: the session's quota (`pin_budget.session_quota_cut`) keeps the
+  pin to its first blocks if it must (its next turn hits them: prefix hashes
+  chain from the start), and the session's pins whose context it holds are
+  replaced.
+- How long: the TTL policy (`ttl.py`) decides on what the pin will actually
+  keep; under `pin_cost: pressure` it also reads the pool's state and the
+  blocks the pin alone would hold.
+- Whom: the pool's cap (`pin_budget.cap_victims`) may release pins of
+  programs that arrived later; if that cannot make room, or the TTL is 0,
+  nothing is pinned and the blocks go back as stock vLLM frees them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
+
+from vllm_continuum.core.hints import Hints
+from vllm_continuum.core.ledger import BlockLedger
+from vllm_continuum.core.pin_budget import cap_victims, session_quota_cut
+from vllm_continuum.core.pin_release import PinReleaser
+from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
+from vllm_continuum.core.pin_value import PoolState, demand_exceeds_free, marginal_blocks
+from vllm_continuum.core.queue_rules import QueueRules
+from vllm_continuum.core.ttl import TTLPolicy, TurnEnd
+from vllm_continuum.core.turn import TurnRequest
+
+if TYPE_CHECKING:
+    from vllm_continuum.config import ContinuumConfig
+
+logger = logging.getLogger("vllm.continuum")
+
+
+class PinMakerEvents(Protocol):
+    def on_pin(self, pin: Pin) -> None: ...
+    def on_pin_refused(self, tool: str) -> None: ...
+    def on_ttl_decision(self, tool: str, ttl_s: float, source: str) -> None: ...
+
+
+class PinMaker:
+    def __init__(
+        self,
+        config: ContinuumConfig,
+        ttl_policy: TTLPolicy,
+        pins: PinTable,
+        ledger: BlockLedger,
+        releaser: PinReleaser,
+        queue: QueueRules,
+        stats: PinMakerEvents,
+        *,
+        block_size: int,
+        hash_block_size: int,
+        one_kv_group: bool,
+        pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None],
+        on_lane_change: Callable[[str], None],
+    ) -> None:
+        """`one_kv_group`: else a pin cannot keep only its first blocks;
+        `pool_state(counted)`: the pool's free blocks and the demand of the
+        waiting requests `counted` says are a pin's cost (None: unknown)."""
+        self.config, self.ttl_policy = config, ttl_policy
+        self.pins, self.ledger, self.releaser, self.queue, self.stats = pins, ledger, releaser, queue, stats
+        self.block_size, self.hash_block_size = block_size, hash_block_size
+        self.hashes_per_block = max(1, block_size // hash_block_size)
+        self.one_kv_group = one_kv_group
+        self.pool_state, self._on_lane_change = pool_state, on_lane_change
+
+    def pin(self, request: TurnRequest, session: str, tool: str, hints: Hints, arrival: float) -> bool:
+        """Pin what the finished `request` (a turn of `session`, whose program
+        arrived at `arrival`, that called `tool`) may keep: True if a pin now
+        holds its blocks (then they must not be freed)."""
+        blocks, fence = self.ledger.take(request)
+        hashes = tuple(request.block_hashes)
+        replaced, kept = session_quota_cut(
+            self.pins, session, self.ledger.ids(blocks, keep_null=True), hashes,
+            quota=int(self.config.max_session_pinned_fraction * self.ledger.pool_size),
+            hashes_per_block=self.hashes_per_block, one_kv_group=self.one_kv_group)
+        kept_ids = self.ledger.ids(blocks[:kept])
+        kept_hashes = hashes[: kept * self.hashes_per_block]
+        anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
+        ttl_s = 0.0
+        contested_ttl_s = None
+        if kept_ids and anchor is not None:
+            # The TTL is decided on what the pin will actually keep.
+            kept_tokens = min(request.num_tokens, kept * self.block_size)
+            ttl_s, contested_ttl_s = self._ttl(TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s),
+                                               kept_ids)
+        cap = int(self.config.max_pinned_fraction * self.ledger.pool_size)
+        victims = cap_victims(self.pins, kept_ids, replaced, arrival, cap=cap) if ttl_s > 0 else None
+        if victims is None:
+            if ttl_s > 0:
+                self.stats.on_pin_refused(tool)
+            self.ledger.give_back(blocks, fence)
+            return False
+        self.ledger.give_back(blocks[kept:], fence)
+        for old in replaced:
+            self.releaser.release(old, ReleaseReason.REPLACED)
+        for victim in victims:
+            self.releaser.release(victim, ReleaseReason.PRESSURE)
+        now = self.queue.now()
+        pin = Pin(
+            session_id=session,
+            request_id=request.request_id,
+            tool=tool,
+            blocks=blocks[:kept],
+            block_ids=kept_ids,
+            created_at=now,
+            expires_at=now + ttl_s,
+            session_arrival=arrival,
+            anchor=anchor,
+            hashes=kept_hashes,
+            fence=fence,
+            contested_at=now + contested_ttl_s if contested_ttl_s is not None else float("inf"),
+        )
+        self.pins.add(pin)
+        self.stats.on_pin(pin)
+        self._on_lane_change(session)
+        return True
+
+    def _ttl(self, turn: TurnEnd, kept_ids: tuple[int, ...]) -> tuple[float, float | None]:
+        """(TTL, contested TTL) of a pin of `kept_ids`, as the policy decides."""
+        if self.config.pin_cost == "pressure":
+            # Counting the pin's own blocks is O(blocks): only where it is read.
+            pool = self.pool_state(self.queue.entitled)
+            own = marginal_blocks(kept_ids, self.ledger.ref_count) if demand_exceeds_free(pool) else 0
+            turn = replace(turn, pool=pool, marginal_blocks=own)
+        decision = self.ttl_policy.decide(turn)
+        self.stats.on_ttl_decision(turn.tool, decision.ttl_s, decision.source)
+        logger.debug("continuum: session=%s tool=%s ttl=%.3fs source=%s",
+                     turn.session_id, turn.tool, decision.ttl_s, decision.source)
+        return decision.ttl_s, decision.contested_ttl_s
