@@ -94,7 +94,6 @@ class PinController:
         """`preempted_status`, `waiting_status`: the request statuses (opaque
         here) of a preempted request and of one not yet admitted."""
         self.config = config
-        self.ledger = ledger
         self.stats = stats
         self.clock = clock
         self.hash_block_size = hash_block_size
