@@ -37,6 +37,22 @@ CONFIG_ENV_VAR = "CONTINUUM_CONFIG"
 ADDITIONAL_CONFIG_KEY = "continuum"  # --additional-config '{"continuum": {...}}'
 CONFIG_FILE_KEY = "config_file"  # the YAML file, named inside that section
 
+# Client spellings of a session, in the order they are tried (docs/clients.md):
+# the headers routers hash first, then the other headers, then body fields.
+CLIENT_BODY_FIELDS = ("prompt_cache_key", "metadata.user_id", "nvext.session_control.session_id")
+CLIENT_SESSION_SOURCES = (
+    "header:x-claude-code-session-id",
+    "header:session-id",
+    "header:thread-id",
+    "header:session_id",
+    "header:conversation_id",
+    "header:x-litellm-session-id",
+    "header:x-session-affinity",
+    "body:prompt_cache_key",
+    "body:metadata.user_id",
+    "body:nvext.session_control.session_id",
+)
+
 # The sources of the `load_config` call in progress, (YAML file, read the
 # environment?): pydantic-settings asks for sources on a classmethod, without
 # the call's arguments.
@@ -206,6 +222,38 @@ class ContinuumConfig(BaseSettings):
     max_tracked_sessions: int = Field(
         100_000, ge=1, description="Sessions remembered for arrival order (LRU)."
     )
+    # What the API server reads from agent clients (vllm_continuum/frontend/, loaded with
+    # --middleware vllm_continuum.frontend.middleware.ClientSessionMiddleware).
+    client_session_sources: list[str] = Field(
+        default_factory=lambda: list(CLIENT_SESSION_SOURCES),
+        description="Where a request without vLLM's own session id (body `session_id`, "
+        "header `X-Session-ID`, `vllm_xargs.session_id`) finds its session, first match "
+        "wins: `header:<name>`, or `body:` one of prompt_cache_key, metadata.user_id "
+        "(Claude Code's session in it only), nvext.session_control.session_id. Remove an "
+        "entry to ignore that spelling, add `header:<name>` for another; [] turns it off "
+        "(docs/clients.md).",
+    )
+    client_ttls: bool = Field(
+        True,
+        description="Translate the cache lifetimes clients send (Anthropic "
+        "`cache_control.ttl`, `prompt_cache_retention`, Dynamo `nvext`) into "
+        "`continuum_ttl_s` / `continuum_last_turn` hints (capped by `max_ttl_s`).",
+    )
+
+    @field_validator("client_session_sources")
+    @classmethod
+    def _sources_are_known(cls, value: list[str]) -> list[str]:
+        import re
+
+        for source in value:
+            kind, _, name = source.partition(":")
+            if not (kind == "header" and re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name)
+                    or kind == "body" and name in CLIENT_BODY_FIELDS):
+                raise ValueError(
+                    f"{source!r}: expected header:<header name> or body:<one of "
+                    f"{', '.join(CLIENT_BODY_FIELDS)}>"
+                )
+        return value
 
     @field_validator("tool_call_patterns")
     @classmethod

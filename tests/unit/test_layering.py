@@ -47,6 +47,8 @@ ALLOWED = {
     "adapter": ("vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.adapter",
                 "vllm_continuum.metrics"),
     "metrics": ("vllm_continuum.metrics", "vllm_continuum.core"),
+    # The API server's middleware: the hint names and the settings only.
+    "frontend": ("vllm_continuum.frontend", "vllm_continuum.config", "vllm_continuum.core.hints"),
     # live/ reads a server's /metrics by the names the collector exports (constants only).
     "experiments/live": ("vllm_continuum.experiments.live", "vllm_continuum.experiments.",
                          "vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.tools",
