@@ -7,6 +7,7 @@
     vllm-continuum profile --url URL   measure prefill time vs context length (TTL model input)
     vllm-continuum tiny-model DIR      build the small random-weight test model
     vllm-continuum bench | compare | sim | matrix | overhead | workload | convert   the benchmarks
+    vllm-continuum scale-bench [--quick]   one step's cost at scale, ours vs stock (issue 29)
     vllm-continuum calibrate --url URL --out FILE   a server's step time, as a simulator cost model
     vllm-continuum predict RUN_DIR --cost-model FILE   a compare run simulated beside what it measured
 """
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_continuum.experiments.live import cli as live_cli
     from vllm_continuum.experiments.prediction import cli as prediction_cli
     from vllm_continuum.experiments.sim import cli as sim_cli
+    from vllm_continuum.experiments.sim import scale_bench_cli
 
     before = set(sub.choices)
     live_cli.register(sub)  # bench, compare
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     sim_cli.register(sub)  # sim, matrix, overhead, fit-cost-model
     calibration_cli.register(sub)  # calibrate, sizing
     prediction_cli.register(sub)  # predict
+    scale_bench_cli.register(sub)  # scale-bench
     for name in set(sub.choices) - before:
         sub.choices[name].set_defaults(needs="bench")
 
