@@ -38,7 +38,8 @@ ADDITIONAL_CONFIG_KEY = "continuum"  # --additional-config '{"continuum": {...}}
 CONFIG_FILE_KEY = "config_file"  # the YAML file, named inside that section
 
 # Client spellings of a session, in the order they are tried (docs/clients.md):
-# the headers routers hash first, then the other headers, then body fields.
+# the clients' own session headers, then older and proxy headers, then body
+# fields (the recorded clients send the same id in each spelling they use).
 CLIENT_BODY_FIELDS = ("prompt_cache_key", "metadata.user_id", "nvext.session_control.session_id")
 CLIENT_SESSION_SOURCES = (
     "header:x-claude-code-session-id",
@@ -120,6 +121,15 @@ class ContinuumConfig(BaseSettings):
         "delayed a request this long (from the first time a later arrival went ahead of it, "
         "or pins held memory it needed), no later arrival is admitted before it and pins give "
         "way to it under either pressure policy.",
+    )
+    max_turn_delay_s: float = Field(
+        30.0,
+        ge=0,
+        description="Turn bound (of a session's turns under admission: program): once "
+        "requests of later programs have gone ahead of a turn, or pins of later programs "
+        "have kept memory it needed, for this long, it goes before every request of a "
+        "later program and their pins give way to it. A turn waits for earlier programs "
+        "only: no later program, pin or sessionless flood holds it back for longer.",
     )
     program_precedence_s: float = Field(
         3600.0,
