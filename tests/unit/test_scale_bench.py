@@ -16,7 +16,7 @@ SCENARIOS = ["a", "b", "c", "d", "e"]
 @pytest.fixture(scope="module")
 def report(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("scale-bench") / "report.json"
-    code = main(["scale-bench", "--scale", "0.002", "--steps", "3", "--budget", "60",
+    code = main(["scale-bench", "--scale", "0.002", "--steps", "3", "--budget", "60", "--setup-budget", "60",
                  "--model-dir", tiny_model_dir, "--out", str(out)])
     assert code == 0
     return json.loads(out.read_text())

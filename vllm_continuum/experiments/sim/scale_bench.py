@@ -9,9 +9,12 @@ is the wall clock, our scheduler's clock is monotonic (its default).
 Each scenario sets up a state of size N (1x, then 10x), then runs a bounded
 number of steps with ongoing traffic, timing each `add_request` (per arrival)
 and each `schedule()` + `update_from_output()` (per step; the synthetic model
-output is not timed). Pins do not expire during a run (`max_ttl_s` 3600), so
+output is not timed; `--clock cpu` times the thread's CPU time instead of
+`time.perf_counter`). Pins do not expire during a run (`max_ttl_s` 3600), so
 every step sees the scenario's whole state. A scheduler that spends more than
-`--budget` seconds in one scenario and load is abandoned ("exceeded budget").
+`--setup-budget` seconds building one scenario's state, or `--budget` seconds
+in its measured steps, is abandoned there ("exceeded budget"); what it measured
+until then is kept.
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ class Side:
     name: str
     scheduler: object
     hasher: object
-    budget_s: float
-    spent: float = 0.0
+    budgets: dict  # phase ("setup", "steps") -> seconds this scheduler may spend in it
+    clock: Callable[[], float] = time.perf_counter  # what samples are timed with
+    spent: dict = field(default_factory=lambda: {"setup": 0.0, "steps": 0.0})
     aborted: str | None = None
     steps: list[float] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)
@@ -68,22 +72,22 @@ class Side:
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
-        """Counts wall time against the budget; an alarm interrupts a call that overruns it."""
-        left = self.budget_s - self.spent
+        """Counts wall time against the phase's budget; an alarm interrupts a call that overruns it."""
+        budget = self.budgets[phase]
         alarm = threading.current_thread() is threading.main_thread()
         if alarm:
-            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))
+            signal.setitimer(signal.ITIMER_REAL, max(budget - self.spent[phase], 1e-3))
         start = time.perf_counter()
         try:
             yield
         except BudgetExceeded:
-            self.aborted = f"exceeded budget {self.budget_s:g}s ({phase})"
+            self.aborted = f"exceeded budget {budget:g}s ({phase})"
         finally:
             if alarm:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-            self.spent += time.perf_counter() - start
-            if self.aborted is None and self.spent > self.budget_s:
-                self.aborted = f"exceeded budget {self.budget_s:g}s ({phase})"
+            self.spent[phase] += time.perf_counter() - start
+            if self.aborted is None and self.spent[phase] > budget:
+                self.aborted = f"exceeded budget {budget:g}s ({phase})"
 
     def add(self, spec: Spec, record: bool) -> None:
         from vllm_continuum.experiments.sim.driver import synthetic_request
@@ -91,22 +95,22 @@ class Side:
         request = synthetic_request(spec.rid, spec.prompt, hasher=self.hasher, max_tokens=spec.max_tokens,
                                     session=spec.session, xargs=spec.xargs, arrival=time.time())
         self.scripts[spec.rid] = list(spec.script)
-        start = time.perf_counter()
+        start = self.clock()
         self.scheduler.add_request(request)
-        (self.arrivals if record else self.setup_arrivals).append(time.perf_counter() - start)
+        (self.arrivals if record else self.setup_arrivals).append(self.clock() - start)
 
     def step(self, record: bool) -> None:
         from vllm_continuum.experiments.sim.driver import synthetic_output
 
-        s = self.scheduler
-        t0 = time.perf_counter()
+        s, clock = self.scheduler, self.clock
+        t0 = clock()
         out = s.schedule()
-        t1 = time.perf_counter()
+        t1 = clock()
         runner_out, _ = synthetic_output(s, out, self._next_token)
-        t2 = time.perf_counter()
+        t2 = clock()
         s.update_from_output(out, runner_out)
         if record:
-            self.steps.append(t1 - t0 + time.perf_counter() - t2)
+            self.steps.append(t1 - t0 + clock() - t2)
 
     def _next_token(self, request) -> int:
         script = self.scripts.get(request.request_id)
@@ -188,7 +192,7 @@ SCENARIOS = [
 ]
 
 
-def _sides(scn: Scenario, n: int, model_dir: str, budget_s: float, metrics_dir: str) -> list[Side]:
+def _sides(scn: Scenario, n: int, model_dir: str, budgets: dict, clock, metrics_dir: str) -> list[Side]:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from vllm_continuum.adapter.scheduler import ContinuumScheduler
@@ -204,7 +208,7 @@ def _sides(scn: Scenario, n: int, model_dir: str, budget_s: float, metrics_dir: 
     ours = new_scheduler(ContinuumScheduler, model_dir, continuum_config=cfg, continuum_stats=stats, **sizes)
     stock = new_scheduler(Scheduler, model_dir, **sizes)
     hasher = block_hasher(16)
-    return [Side("ours", ours, hasher, budget_s), Side("stock", stock, hasher, budget_s)]
+    return [Side("ours", ours, hasher, budgets, clock), Side("stock", stock, hasher, budgets, clock)]
 
 
 def _run_batch(side: Side, batch: list[Spec], max_steps: int) -> None:
@@ -222,18 +226,20 @@ def _time_snapshots(side: Side, count: int) -> None:
     """The metrics snapshot path (`ContinuumStats.publish` when a write is due), forced `count` times."""
     s = side.scheduler
     c, stats = s.continuum, s._stats
-    with side.timed("snapshot"):
+    with side.timed("steps"):
         for _ in range(count):
-            start = time.perf_counter()
+            start = side.clock()
             stats.writer.write(stats.snapshot(c.pins, s.kv_cache_manager.block_pool.num_gpu_blocks,
                                               c.clock(), False, c.releaser.held))
-            side.snapshots.append(time.perf_counter() - start)
+            side.snapshots.append(side.clock() - start)
 
 
-def run_scenario(scn: Scenario, n: int, model_dir: str, steps: int, budget_s: float, bar=None) -> dict:
-    """Both schedulers through the scenario at size n: its summary per scheduler."""
+def run_scenario(scn: Scenario, n: int, model_dir: str, steps: int, budgets: dict,
+                 clock: Callable[[], float] = time.perf_counter, bar=None) -> dict:
+    """Both schedulers through the scenario at size n: its summary per scheduler.
+    budgets: seconds per scheduler for the setup and for the measured steps."""
     with tempfile.TemporaryDirectory() as metrics_dir:
-        sides = _sides(scn, n, model_dir, budget_s, metrics_dir)
+        sides = _sides(scn, n, model_dir, budgets, clock, metrics_dir)
         tokenizer = sides[0].scheduler.structured_output_manager.tokenizer
         g = Gen(tokenizer.get_vocab()["<tool_call>"])
         batches = [(b, 0 if scn.queued_setup else 100_000) for b in scn.setup(g, n)]
@@ -282,7 +288,7 @@ def _state(side: Side) -> dict:
 
 
 def _summary(side: Side) -> dict:
-    out = {"aborted": side.aborted, "seconds": round(side.spent, 2)}
+    out = {"aborted": side.aborted, "seconds": {k: round(v, 2) for k, v in side.spent.items()}}
     for name in ("steps", "arrivals", "snapshots", "setup_arrivals"):
         xs = sorted(getattr(side, name))
         if xs:
