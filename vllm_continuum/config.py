@@ -40,6 +40,9 @@ CONFIG_FILE_KEY = "config_file"  # the YAML file, named inside that section
 # Client spellings of a session, in the order they are tried (docs/clients.md):
 # the clients' own session headers, then older and proxy headers, then body
 # fields (the recorded clients send the same id in each spelling they use).
+# Text-mode agents' tool calls: mini-swe-agent's fenced command block (its
+# action_regex is ```mswea_bash_command\s*\n(.*?)\n```).
+TEXT_TOOL_CALL_PATTERNS = (r"```mswea_bash_command[ \t]*\n\s*([\w./-]+)",)
 CLIENT_BODY_FIELDS = ("prompt_cache_key", "metadata.user_id", "nvext.session_control.session_id")
 CLIENT_SESSION_SOURCES = (
     "header:x-claude-code-session-id",
@@ -195,10 +198,12 @@ class ContinuumConfig(BaseSettings):
         "without it, a documented default reload cost.",
     )
     tool_call_patterns: list[str] = Field(
-        default_factory=list,
+        default_factory=lambda: list(TEXT_TOOL_CALL_PATTERNS),
         description="Regexes with one group (the tool name), searched in a finished "
         "output's text when it has no tool-call token, e.g. the first word of a "
-        "fenced shell block.",
+        "fenced shell block. The default recognises mini-swe-agent's text mode (a "
+        "```mswea_bash_command block; the tool is the command's first word); setting "
+        "this replaces it.",
     )
     tool_call_token: str = Field(
         "<tool_call>",

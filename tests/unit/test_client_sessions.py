@@ -301,3 +301,17 @@ def test_middleware_passes_a_request_on_when_its_settings_fail():
     raw = b'{"model": "m", "messages": []}'
     sent = call(mw, "POST", "/v1/chat/completions", {"session-id": "x"}, raw)
     assert sent[0]["status"] == 200 and app.body == raw
+
+
+# --- text-mode agents: mini-swe-agent's fenced command is a tool call by default ---
+
+def test_mini_swe_agent_text_mode_is_a_tool_call_by_default():
+    from vllm_continuum.core.tool_calls import ToolCallReader
+
+    reader = ToolCallReader(ContinuumConfig().tool_call_patterns)
+    reply = ("THOUGHT: I need to see the files first.\n\n"
+             "```mswea_bash_command\ncd /testbed && ls -la\n```")
+    assert reader.match(reply) == "cd"
+    assert reader.match("```mswea_bash_command\n  python3 -m pytest -x\n```") == "python3"
+    for other in ("```bash\nls\n```", "The answer is 42.", "```mswea_bash_command```"):
+        assert reader.match(other) is None
