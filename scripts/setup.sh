@@ -4,6 +4,9 @@
 #                  with the test and cluster extras (vllm-router for the scale-out tests)
 #   .venv-vllm033  official vLLM 0.33 (without its CUDA libraries), only to run the
 #                  scheduler-level tests against its scheduler; pass --no-vllm033 to skip it
+#   .clients, .venv-clients  the real agent clients of tests/engine/test_real_clients.py:
+#                  Claude Code and Codex CLI (npm), LiteLLM (PyPI), at the versions whose
+#                  requests tests/fixtures/clients/ holds; skipped (and said) without npm
 #   vLLM's own scheduler tests (tests/v1/core of each release's sdist) for the
 #                  conformance tier, into ~/.cache/vllm-continuum/vllm-tests (tests/conformance)
 set -euo pipefail
@@ -13,8 +16,16 @@ with_033=1
 [[ "${1:-}" == "--no-vllm033" ]] && with_033=0
 PYTHON=${PYTHON:-python3}
 
+CLAUDE_CODE_VERSION=2.1.197 CODEX_VERSION=0.171.0 LITELLM_VERSION=1.110.2
+
 # Whether each venv already holds its install (then only this package is refreshed).
 cpu_installed() { .venv/bin/python -c 'import vllm, pytest, vllm_continuum' 2>/dev/null; }
+clients_installed() {
+  [[ -x .clients/node_modules/@anthropic-ai/claude-code-linux-x64/claude ]] \
+    && grep -q "\"version\": \"$CLAUDE_CODE_VERSION\"" .clients/node_modules/@anthropic-ai/claude-code/package.json \
+    && grep -q "\"version\": \"$CODEX_VERSION\"" .clients/node_modules/@openai/codex/package.json \
+    && .venv-clients/bin/python -c "import importlib.metadata as m; assert m.version('litellm') == '$LITELLM_VERSION'" 2>/dev/null
+}
 v033_installed() { .venv-vllm033/bin/python -c 'import vllm.v1.core.sched.scheduler, pytest' 2>/dev/null; }
 
 setup_cpu() {
@@ -81,6 +92,20 @@ PY
   "$py" -m pip install --quiet --no-deps -e .
 }
 
+# The agent clients, unmodified. npm's install scripts are skipped: Claude Code's only
+# copies the native binary out of its platform package, which the test runs directly.
+setup_clients() {
+  clients_installed && return 0
+  if command -v npm >/dev/null 2>&1; then
+    npm install --prefix .clients --ignore-scripts --no-audit --no-fund --loglevel=error \
+      "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "@openai/codex@$CODEX_VERSION" >/dev/null
+  else
+    echo "[setup] no npm: the Claude Code and Codex tests (tests/engine/test_real_clients.py) will skip" >&2
+  fi
+  if [[ ! -x .venv-clients/bin/python ]]; then "$PYTHON" -m venv .venv-clients; fi
+  .venv-clients/bin/pip install --quiet "litellm==$LITELLM_VERSION"
+}
+
 # Fail early, and say so, when the disk cannot hold the install: pip fails late with
 # "[Errno 28] No space left on device" and leaves half a venv behind. Measured on a
 # fresh clone: .venv 3.6 GB, .venv-vllm033 2.6 GB, plus pip's unpacked wheels in TMPDIR.
@@ -88,6 +113,7 @@ check_disk() {
   local need_mb=0
   cpu_installed || need_mb=$((need_mb + 4500))
   if (( with_033 )); then v033_installed || need_mb=$((need_mb + 3500)); fi
+  clients_installed || need_mb=$((need_mb + 1100))
   (( need_mb > 0 )) || return 0
   local dir free_mb
   for dir in . "${TMPDIR:-/tmp}"; do
@@ -113,6 +139,8 @@ setup_cpu
 # or before the cluster extra existed (vllm-router for the scale-out tests).
 .venv/bin/python -c 'import grafana_foundation_sdk, vllm_router' 2>/dev/null \
   || .venv/bin/pip install --quiet -e '.[test,cluster]'
+echo "[setup] installing the agent clients into .clients and .venv-clients (about 1 min the first time)"
+setup_clients
 # The conformance tier's tests come from vLLM's sdists (the repository vendors none);
 # fetched once (sha256 checked against the index) and shared by every clone.
 conformance_versions=(0.32.0)

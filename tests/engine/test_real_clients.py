@@ -1,0 +1,226 @@
+"""The real agent clients, unmodified, against live servers (tiny model, CPU).
+
+Claude Code (`claude -p`), Codex CLI (`codex exec`, the Responses API) and
+LiteLLM (`hosted_vllm/`, the conversation id as `prompt_cache_key`, as the
+OpenHands SDK sends it) are given only the server's URL, a dummy key and
+the model name; their telemetry and update checks are off, they run in a
+throwaway home and working directory, and the whole file runs inside a
+loopback-only network namespace (`scripts/test.sh` runs it under
+`unshare -n`; elsewhere it skips): nothing can leave the machine.
+
+Both servers carry the test-only hook `force_tool_call.ForceToolCall`,
+which makes the random-weight model's first turn call one of the tools the
+client offered and holds the client's next turn while the test cycles the
+KV pool (the tool pause). The continuum server also runs the plugin's
+`ClientSessionMiddleware`. For each client: its session is recognised from
+its own spelling (`GET /continuum/pins` lists it, the metrics count the
+spelling), its tool-call turn is pinned, and its next turn finds every
+full block of that turn's prompt cached on continuum, not on stock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.engine.test_client_sessions_live import pinned, sessions_counted
+from vllm_continuum.demos.pause_scenario import churn, filler_text
+from vllm_continuum.tools.local_server import flavour_server
+
+ROOT = Path(__file__).parents[2]
+CLAUDE = ROOT / ".clients/node_modules/@anthropic-ai/claude-code-linux-x64/claude"
+CODEX = ROOT / ".clients/node_modules/.bin/codex"
+LITELLM_PYTHON = ROOT / ".venv-clients/bin/python"
+BLOCK, NUM_BLOCKS = 32, 1400  # Claude Code's first prompt is about 36,000 tokens
+TASK = "List the files in this directory and say what the project does."
+
+
+def isolated() -> bool:
+    """Whether this process's network namespace has nothing but loopback."""
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(not isolated(), reason="runs the real clients only inside a "
+                       "loopback-only network namespace: scripts/test.sh runs it under unshare -n"),
+]
+
+
+@pytest.fixture(scope="module")
+def real_servers(tiny_model_dir, tmp_path_factory):
+    """Stock and continuum, both with the test hook, long context, one pool size."""
+    work = tmp_path_factory.mktemp("real-clients")
+    hook = ["--middleware", "tests.engine.force_tool_call.ForceToolCall"]
+    plugin = ["--middleware", "vllm_continuum.frontend.middleware.ClientSessionMiddleware",
+              "--middleware", "vllm_continuum.cluster.pins_endpoint.PinsEndpoint"]
+    servers = {}
+    for flavour in ("stock", "continuum"):
+        env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+               "FORCE_TOOL_CALL_GATE": str(work / f"gate-{flavour}"),
+               "FORCE_TOOL_CALL_LOG": str(work / f"usage-{flavour}.jsonl")}
+        servers[flavour] = flavour_server(
+            flavour, tiny_model_dir, work, num_blocks=NUM_BLOCKS, env=env,
+            settings={"max_ttl_s": 300, "log_level": "DEBUG"} if flavour == "continuum" else None,
+            extra_args=[*hook, *(plugin if flavour == "continuum" else ()),
+                        "--max-model-len", str((NUM_BLOCKS - 1) * BLOCK)])
+    try:
+        for server in servers.values():
+            server.start()
+        for server in servers.values():
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def gate(server) -> Path:
+    return Path(server.env["FORCE_TOOL_CALL_GATE"])
+
+
+def usage_rows(server, session: str) -> list[dict]:
+    log = Path(server.env["FORCE_TOOL_CALL_LOG"])
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return [r for r in rows if r["session"] == session]
+
+
+def cycle_pool(base_url: str, seed: int) -> None:
+    """Other users' traffic: more distinct tokens than the whole KV pool."""
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=300, max_retries=0)
+    churn(client, requests=NUM_BLOCKS * BLOCK // 4000 + 2, tokens=4000, vocab=2000, seed=seed)
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"the client exited ({process.returncode}) before its next turn:"
+                                 f"\n{process.stdout.read() if process.stdout else ''}")
+        assert time.monotonic() < deadline, f"no next turn after {timeout_s:.0f} s"
+        time.sleep(0.2)
+
+
+def scratch(tmp_path: Path) -> tuple[Path, Path]:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (work / "README.md").write_text("A throwaway directory for an agent client test.\n")
+    return home, work
+
+
+def check(flavour, server, source, session, first, resumed):
+    full_blocks = first["prompt"] // BLOCK * BLOCK
+    assert first["prompt"] >= 10 * BLOCK
+    if flavour == "continuum":
+        assert sessions_counted(server.base_url, source) >= 2
+        assert resumed["cached"] >= full_blocks, (first, resumed)
+    else:
+        assert resumed["cached"] < full_blocks, (first, resumed)
+
+
+@pytest.mark.skipif(not CODEX.exists(), reason="Codex CLI not installed (scripts/setup.sh)")
+@pytest.mark.parametrize("flavour", ["continuum", "stock"])
+def test_codex_exec(real_servers, flavour, tmp_path):
+    server = real_servers[flavour]
+    home, work = scratch(tmp_path)
+    codex_home = home / ".codex"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(
+        'model = "tiny"\nmodel_provider = "local"\ncheck_for_update_on_startup = false\n\n'
+        f'[model_providers.local]\nname = "local"\nbase_url = "{server.base_url}/v1"\n'
+        'wire_api = "responses"\nenv_key = "LOCAL_API_KEY"\n\n[analytics]\nenabled = false\n')
+    gate(server).touch()
+    process = subprocess.Popen(
+        [str(CODEX), "exec", "--skip-git-repo-check", "--sandbox", "read-only", TASK],
+        cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env={"PATH": os.environ["PATH"], "HOME": str(home),
+                        "CODEX_HOME": str(codex_home), "LOCAL_API_KEY": "dummy"})
+    try:
+        wait_for(Path(f"{gate(server)}.waiting"), process)
+        session = json.loads(Path(server.env["FORCE_TOOL_CALL_LOG"]).read_text()
+                             .splitlines()[-1])["session"]
+        if flavour == "continuum":
+            assert pinned(server.base_url, session) is not None, "the tool-call turn was not pinned"
+        cycle_pool(server.base_url, seed=3)
+    finally:
+        gate(server).unlink()
+        Path(f"{gate(server)}.waiting").unlink(missing_ok=True)
+        output = process.communicate(timeout=300)[0]
+    assert process.returncode == 0, output
+    rows = usage_rows(server, session)
+    first, resumed = rows[0], next(r for r in rows if r["later"])
+    check(flavour, server, "header:session-id", session, first, resumed)
+
+
+@pytest.mark.skipif(not CLAUDE.exists(), reason="Claude Code not installed (scripts/setup.sh)")
+@pytest.mark.parametrize("flavour", ["continuum", "stock"])
+def test_claude_code_print_mode(real_servers, flavour, tmp_path):
+    server = real_servers[flavour]
+    home, work = scratch(tmp_path)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home),
+           "ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "dummy",
+           "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    gate(server).touch()
+    process = subprocess.Popen(
+        [str(CLAUDE), "-p", TASK, "--model", "tiny", "--permission-mode", "default"],
+        cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(Path(f"{gate(server)}.waiting"), process)
+        session = json.loads(Path(server.env["FORCE_TOOL_CALL_LOG"]).read_text()
+                             .splitlines()[-1])["session"]
+        if flavour == "continuum":
+            assert pinned(server.base_url, session) is not None, "the tool-call turn was not pinned"
+        cycle_pool(server.base_url, seed=4)
+    finally:
+        gate(server).unlink()
+        Path(f"{gate(server)}.waiting").unlink(missing_ok=True)
+        output = process.communicate(timeout=300)[0]
+    assert process.returncode == 0, output
+    rows = usage_rows(server, session)
+    first, resumed = rows[0], next(r for r in rows if r["later"])
+    check(flavour, server, "header:x-claude-code-session-id", session, first, resumed)
+
+
+@pytest.mark.skipif(not LITELLM_PYTHON.exists(), reason="LiteLLM not installed (scripts/setup.sh)")
+@pytest.mark.parametrize("flavour", ["continuum", "stock"])
+def test_litellm_hosted_vllm(real_servers, flavour, tmp_path):
+    import random
+
+    server = real_servers[flavour]
+    session = f"conversation-{uuid.uuid4()}"
+    messages = tmp_path / "messages.json"
+    messages.write_text(json.dumps([
+        {"role": "system", "content": "You are a travel agent. Use tools to check the weather."},
+        {"role": "user", "content": filler_text(random.Random(5), 300) + "\nWeather?"}]))
+    gate(server).touch()
+    process = subprocess.Popen(
+        [str(LITELLM_PYTHON), str(Path(__file__).with_name("litellm_agent.py")),
+         server.base_url, session, str(gate(server)), str(messages)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+             "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"})
+    try:
+        wait_for(Path(f"{gate(server)}.waiting"), process)
+        if flavour == "continuum":
+            assert pinned(server.base_url, session) is not None, "the tool-call turn was not pinned"
+        cycle_pool(server.base_url, seed=5)
+    finally:
+        gate(server).unlink()
+        Path(f"{gate(server)}.waiting").unlink(missing_ok=True)
+        output = process.communicate(timeout=300)[0]
+    assert process.returncode == 0, output
+    turns = [json.loads(line) for line in output.splitlines() if line.startswith('{"turn"')]
+    assert turns[0]["tool"] == "get_weather"
+    check(flavour, server, "body:prompt_cache_key", session, turns[0], turns[1])
