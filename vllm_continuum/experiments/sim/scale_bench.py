@@ -41,6 +41,23 @@ class BudgetExceeded(Exception):
     pass
 
 
+@contextmanager
+def _alarm_raises() -> Iterator[None]:
+    """SIGALRM raises BudgetExceeded (in the main thread; elsewhere budgets are checked after each call)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(*_):
+        raise BudgetExceeded
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
 @dataclass
 class Spec:
     """One request, built anew for each scheduler (a Request is mutated by its scheduler)."""
@@ -238,7 +255,7 @@ def run_scenario(scn: Scenario, n: int, model_dir: str, steps: int, budgets: dic
                  clock: Callable[[], float] = time.perf_counter, bar=None) -> dict:
     """Both schedulers through the scenario at size n: its summary per scheduler.
     budgets: seconds per scheduler for the setup and for the measured steps."""
-    with tempfile.TemporaryDirectory() as metrics_dir:
+    with tempfile.TemporaryDirectory() as metrics_dir, _alarm_raises():
         sides = _sides(scn, n, model_dir, budgets, clock, metrics_dir)
         tokenizer = sides[0].scheduler.structured_output_manager.tokenizer
         g = Gen(tokenizer.get_vocab()["<tool_call>"])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import time
 from pathlib import Path
 
@@ -107,7 +106,8 @@ def table(results: dict, checks: dict) -> str:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from vllm_continuum.experiments.sim.scale_bench import SCENARIOS, BudgetExceeded, run_scenario
+    from vllm_continuum.experiments.sim.policies import sim_model_dir
+    from vllm_continuum.experiments.sim.scale_bench import SCENARIOS, run_scenario
     from vllm_continuum.tools.tiny_model import build_tiny_model
 
     if args.quick:
@@ -118,24 +118,17 @@ def _run(args: argparse.Namespace) -> int:
                f"--budget {args.budget:g} --setup-budget {args.setup_budget:g} --clock {args.clock}")
     budgets = {"setup": args.setup_budget, "steps": args.budget}
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
-    model_dir = str(build_tiny_model(args.model_dir))
+    model_dir = str(build_tiny_model(args.model_dir)) if args.model_dir else sim_model_dir(4096)
     chosen = [s for s in SCENARIOS if s.key in args.scenarios]
 
-    def alarm(*_):
-        raise BudgetExceeded
-
-    previous = signal.signal(signal.SIGALRM, alarm)
     results: dict = {}
-    try:
-        with tqdm(total=len(chosen) * len(args.loads) * args.steps, desc="scale-bench", unit="step") as bar:
-            for scn in chosen:
-                for load in args.loads:
-                    n = max(1, round(scn.base * load * args.scale))
-                    bar.set_postfix_str(f"{scn.key} {load}x N={n}")
-                    run = run_scenario(scn, n, model_dir, args.steps, budgets, clock, bar=bar)
-                    results.setdefault(scn.key, {})[load] = run
-    finally:
-        signal.signal(signal.SIGALRM, previous)
+    with tqdm(total=len(chosen) * len(args.loads) * args.steps, desc="scale-bench", unit="step") as bar:
+        for scn in chosen:
+            for load in args.loads:
+                n = max(1, round(scn.base * load * args.scale))
+                bar.set_postfix_str(f"{scn.key} {load}x N={n}")
+                run = run_scenario(scn, n, model_dir, args.steps, budgets, clock, bar=bar)
+                results.setdefault(scn.key, {})[load] = run
     checks = {key: check(runs) for key, runs in results.items()}
     print(f"\nvllm-continuum scale-bench: vLLM's Scheduler (stock) and ContinuumScheduler (ours), "
           f"interleaved, {args.steps} measured steps per scenario and load; budgets per scheduler: "
@@ -157,7 +150,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from vllm_continuum.cli import DEFAULT_MODEL_DIR
     from vllm_continuum.experiments.cli import positive_int
 
     p = subparsers.add_parser("scale-bench", help="step and arrival cost at scale: ours vs stock (issue 29)",
@@ -177,6 +169,7 @@ def register(subparsers) -> None:
                    help="wall: time.perf_counter (default); cpu: the thread's CPU time, which "
                         "other processes on shared cores do not inflate")
     p.add_argument("--quick", action="store_true", help="a tenth of the sizes, 60 steps, 10 s budgets")
-    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="the tiny model (built if missing)")
+    p.add_argument("--model-dir", type=Path,
+                   help="the tiny model (built if missing; default: the simulator's, in ~/.cache)")
     p.add_argument("--out", type=Path, help="also write the results as JSON")
     p.set_defaults(run=_run)
