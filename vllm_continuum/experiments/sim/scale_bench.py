@@ -240,15 +240,21 @@ def _run_batch(side: Side, batch: list[Spec], max_steps: int) -> None:
 
 
 def _time_snapshots(side: Side, count: int) -> None:
-    """The metrics snapshot path (`ContinuumStats.publish` when a write is due), forced `count` times."""
-    s = side.scheduler
-    c, stats = s.continuum, s._stats
-    with side.timed("steps"):
-        for _ in range(count):
-            start = side.clock()
-            stats.writer.write(stats.snapshot(c.pins, s.kv_cache_manager.block_pool.num_gpu_blocks,
-                                              c.clock(), False, c.releaser.held))
-            side.snapshots.append(side.clock() - start)
+    """The adapter's metrics path (`_publish` -> `ContinuumStats.publish` -> a snapshot
+    written), made due `count` times: a change to publish, and no rate limit."""
+    import vllm_continuum.metrics.stats as stats_module
+
+    stats, interval = side.scheduler.continuum.stats, stats_module.PUBLISH_INTERVAL_S
+    stats_module.PUBLISH_INTERVAL_S = 0.0
+    try:
+        with side.timed("steps"):
+            for _ in range(count):
+                stats.on_invalid_hints(0)  # counts as a change: the next publish writes
+                start = side.clock()
+                side.scheduler._publish()
+                side.snapshots.append(side.clock() - start)
+    finally:
+        stats_module.PUBLISH_INTERVAL_S = interval
 
 
 def run_scenario(scn: Scenario, n: int, model_dir: str, steps: int, budgets: dict,
@@ -296,11 +302,17 @@ def _state(side: Side) -> dict:
     out = {"waiting": len(s.waiting), "running": len(s.running),
            "free_blocks": s.kv_cache_manager.block_pool.get_num_free_blocks()}
     c = getattr(s, "continuum", None)
-    if c is not None:
-        per_session = Counter(p.session_id for p in c.pins)
-        out.update(sessions=len(c.sessions), pins=len(c.pins), pinned_blocks=c.pins.num_pinned_blocks,
-                   max_pins_of_a_session=max(per_session.values(), default=0),
-                   releases=dict(c.stats.releases_by_reason))
+    if c is not None:  # the controller's tables, read defensively: the core may reshape them
+        facts = {"sessions": lambda: len(c.sessions), "pins": lambda: len(c.pins),
+                 "pinned_blocks": lambda: c.pins.num_pinned_blocks,
+                 "max_pins_of_a_session": lambda: max(Counter(p.session_id for p in c.pins).values(),
+                                                      default=0),
+                 "releases": lambda: dict(c.stats.releases_by_reason)}
+        for name, read in facts.items():
+            try:
+                out[name] = read()
+            except Exception:  # noqa: BLE001  (informational only)
+                out[name] = None
     return out
 
 
