@@ -28,11 +28,7 @@ def live_servers(tiny_model_dir, tmp_path_factory):
     # DEBUG: the scheduler logs every TTL decision with its session and tool,
     # which several tests read.
     settings = {**DEMO_SETTINGS, "log_level": "DEBUG"}
-    # The continuum server also reads agent clients' sessions and lists its pins.
-    frontend = ["--middleware", "vllm_continuum.frontend.middleware.ClientSessionMiddleware",
-                "--middleware", "vllm_continuum.cluster.pins_endpoint.PinsEndpoint"]
-    servers = {f: flavour_server(f, tiny_model_dir, log_dir, settings=settings,
-                                 extra_args=frontend if f == "continuum" else ())
+    servers = {f: flavour_server(f, tiny_model_dir, log_dir, settings=settings)
                for f in ("stock", "continuum")}
     try:
         for server in servers.values():

@@ -14,3 +14,30 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if Path(str(item.fspath)).parent == _HERE:
             item.add_marker(pytest.mark.engine)
+
+
+@pytest.fixture(scope="session")
+def client_servers(tiny_model_dir, tmp_path_factory):
+    """Stock vLLM, and continuum reading agent clients' sessions
+    (`ClientSessionMiddleware`) and listing its pins: same model, flags and
+    KV pool as `live_servers`, apart so that the clients' refused requests
+    (vLLM logs tracebacks for some) stay out of those servers' logs."""
+    from vllm_continuum.demos.pause_demo import DEMO_SETTINGS
+    from vllm_continuum.tools.local_server import flavour_server
+
+    log_dir = tmp_path_factory.mktemp("client-server-logs")
+    frontend = ["--middleware", "vllm_continuum.frontend.middleware.ClientSessionMiddleware",
+                "--middleware", "vllm_continuum.cluster.pins_endpoint.PinsEndpoint"]
+    servers = {f: flavour_server(f, tiny_model_dir, log_dir,
+                                 settings={**DEMO_SETTINGS, "log_level": "DEBUG"},
+                                 extra_args=frontend if f == "continuum" else ())
+               for f in ("stock", "continuum")}
+    try:
+        for server in servers.values():
+            server.start()
+        for server in servers.values():
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()

@@ -1,7 +1,7 @@
 """Agent clients' own session spellings on live servers (tiny model, CPU).
 
-The continuum server runs `ClientSessionMiddleware` (tests/conftest.py);
-the stock server is vLLM without the plugin. Each dialect (client_turns.py)
+The continuum server runs `ClientSessionMiddleware` (`client_servers` in
+tests/engine/conftest.py); the stock server is vLLM without the plugin. Each dialect (client_turns.py)
 sends a tool-call turn, other traffic cycles the KV pool while "the tool
 runs", and the next turn comes back: on continuum its session is read from
 the client's spelling, the paused turn is pinned (`GET /continuum/pins`
@@ -59,10 +59,10 @@ def pause(dialect, base_url: str, seed: int, check=None):
 
 
 @pytest.mark.parametrize("dialect_cls", DIALECTS, ids=[d.name for d in DIALECTS])
-def test_client_session_pins_and_resumes_only_with_continuum(live_servers, dialect_cls):
+def test_client_session_pins_and_resumes_only_with_continuum(client_servers, dialect_cls):
     name = dialect_cls.name
     seed = 40 + DIALECTS.index(dialect_cls)
-    server = live_servers["continuum"]
+    server = client_servers["continuum"]
     before = sessions_counted(server.base_url, SOURCES[name])
     dialect = dialect_cls(seed)
     seen: dict = {}
@@ -84,17 +84,17 @@ def test_client_session_pins_and_resumes_only_with_continuum(live_servers, diale
     assert line, f"{name}: no TTL decision logged for its session"
     assert line.group(1).startswith("hint") == (name in SENDS_TTL), line.group(0)
 
-    stock = live_servers["stock"]
+    stock = client_servers["stock"]
     stock_first, stock_second = pause(dialect_cls(seed + 100), stock.base_url, seed + 100)
     assert stock_second.cached_tokens < stock_first.prompt_tokens // BLOCK * BLOCK
 
 
-def test_dynamo_close_is_a_last_turn_that_pins_nothing(live_servers):
+def test_dynamo_close_is_a_last_turn_that_pins_nothing(client_servers):
     """`nvext.session_control.action: close` marks the program's last turn: even
     ending in a tool call it is not pinned (a turn without it would be)."""
     dynamo = next(d for d in DIALECTS if d.name == "dynamo")(seed=77)
     dynamo.second_calls_tool = True
-    server = live_servers["continuum"]
+    server = client_servers["continuum"]
     first = dynamo.first(server.base_url, 77)
     assert pinned(server.base_url, dynamo.session) is not None
     for seed in range(78, 82):  # the random model's guided call sometimes fails

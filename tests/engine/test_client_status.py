@@ -1,8 +1,8 @@
 """No request that stock vLLM answers gets another status with the plugin.
 
 The same payloads go to the stock server (vLLM without the plugin) and to
-the continuum server with `ClientSessionMiddleware` (tests/conftest.py):
-the recorded requests of Claude Code, Codex and LiteLLM as they came, the
+the continuum server with `ClientSessionMiddleware` (`client_servers` in
+tests/engine/conftest.py): the recorded requests of Claude Code, Codex and LiteLLM as they came, the
 same trimmed to fit the tiny model's context, and seeded fuzz around every
 field the middleware reads (session spellings, `cache_control`,
 `prompt_cache_retention`, `nvext`, `vllm_xargs`) plus bodies that are not
@@ -136,11 +136,11 @@ def status(base_url: str, path: str, headers: dict, body: bytes) -> int:
         return response.status_code
 
 
-def test_every_payload_gets_the_status_stock_vllm_gives(live_servers):
+def test_every_payload_gets_the_status_stock_vllm_gives(client_servers):
     cases = payloads()
     differ, statuses = [], []
     for label, path, headers, body in cases:
-        got = {f: status(s.base_url, path, headers, body) for f, s in live_servers.items()}
+        got = {f: status(s.base_url, path, headers, body) for f, s in client_servers.items()}
         statuses.append(got["stock"])
         if got["stock"] != got["continuum"]:
             differ.append((label, path, got))
@@ -149,5 +149,5 @@ def test_every_payload_gets_the_status_stock_vllm_gives(live_servers):
     assert statuses.count(200) >= len(cases) // 3, statuses
     # The middleware read every one (vLLM's own handlers may log tracebacks
     # for the requests they refuse, on both servers).
-    log = live_servers["continuum"].log_path.read_text()
+    log = client_servers["continuum"].log_path.read_text()
     assert "vllm_continuum/frontend" not in log and "passed on unread" not in log

@@ -79,7 +79,9 @@ def normalise_id(raw: object) -> str | None:
 def _body_value(field: str, body: Mapping) -> object:
     if field == "metadata.user_id":
         metadata = body.get("metadata")
-        return session_in_user_id(metadata.get("user_id")) if isinstance(metadata, Mapping) else None
+        if not isinstance(metadata, Mapping):
+            return None
+        return session_in_user_id(metadata.get("user_id"))
     value: object = body
     for key in field.split("."):
         if not isinstance(value, Mapping):
