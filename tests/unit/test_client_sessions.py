@@ -295,6 +295,14 @@ def test_middleware_leaves_other_requests_alone():
     assert app.body == raw and b"x-session-id" not in dict(app.scope["headers"])
 
 
+def test_an_empty_x_session_id_is_replaced_not_shadowing_the_clients_session():
+    app = Recorder()
+    mw = ClientSessionMiddleware(app, settings=ContinuumConfig())
+    call(mw, "POST", "/v1/responses", {"x-session-id": "", "session-id": "conv-3"},
+         b'{"model": "m", "input": "x"}')
+    assert [v for k, v in app.scope["headers"] if k == b"x-session-id"] == [b"conv-3"]
+
+
 def test_middleware_passes_a_request_on_when_its_settings_fail():
     app = Recorder()
     mw = ClientSessionMiddleware(app, settings="not a config")

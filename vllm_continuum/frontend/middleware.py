@@ -89,6 +89,8 @@ def _with_changes(scope, plan: Plan):
                    if k.lower() not in (b"content-length", b"transfer-encoding")]
         headers.append((b"content-length", str(len(plan.body)).encode()))
     if plan.session is not None:
+        # An empty X-Session-ID the client sent would come first and win.
+        headers = [(k, v) for k, v in headers if k.lower() != VLLM_HEADER.encode()]
         headers.append((VLLM_HEADER.encode(), plan.session.id.encode("ascii")))
     return {**scope, "headers": headers}
 
