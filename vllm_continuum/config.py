@@ -125,6 +125,15 @@ class ContinuumConfig(BaseSettings):
         "or pins held memory it needed), no later arrival is admitted before it and pins give "
         "way to it under either pressure policy.",
     )
+    max_turn_delay_s: float = Field(
+        30.0,
+        ge=0,
+        description="Turn bound (of a session's turns under admission: program): once "
+        "requests of later programs have gone ahead of a turn, or pins of later programs "
+        "have kept memory it needed, for this long, it goes before every request of a "
+        "later program and their pins give way to it. A turn waits for earlier programs "
+        "only: no later program, pin or sessionless flood holds it back for longer.",
+    )
     program_precedence_s: float = Field(
         3600.0,
         gt=0,

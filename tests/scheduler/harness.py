@@ -84,12 +84,15 @@ def make_request(
     session: str | None = None,
     max_tokens: int = 4,
     xargs: dict | None = None,
-    arrival: float | None = None,
     priority: int = 0,
 ) -> Request:
+    """A request as vLLM builds it: `arrival_time` is the wall clock
+    (time.time()), far from the scheduler's clock (FakeClock, at 1000 s), so a
+    rule that compared the two would show. Order arrivals by moving the
+    scheduler's clock between adds (`Driver.advance`)."""
     return synthetic_request(
         f"req-{next(_ids)}", list(prompt), hasher=_block_hasher, max_tokens=max_tokens,
-        session=session, xargs=xargs, arrival=arrival, priority=priority,
+        session=session, xargs=xargs, priority=priority,
     )
 
 
@@ -101,6 +104,12 @@ class Driver:
     scheduler: object
     scripts: dict[str, list[int]] = field(default_factory=dict)
     finished: list[str] = field(default_factory=list)
+
+    def advance(self, seconds: float) -> None:
+        """Move the scheduler's clock (ours; stock vLLM reads none)."""
+        clock = getattr(getattr(self.scheduler, "continuum", None), "clock", None)
+        if clock is not None:
+            clock.advance(seconds)
 
     def add(self, request: Request, script: list[int] | None = None) -> Request:
         if script is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from vllm.v1.request import RequestStatus
+from vllm_continuum.core.waiting_queue import PINNED, REGULAR
 
 from tests.scheduler.harness import (
     BLOCK_SIZE,
@@ -244,12 +245,14 @@ def test_the_cap_releases_nothing_unless_the_new_pin_is_then_made(build):
     than C's pin went: C's pin is kept and B's is refused."""
     d = build(num_blocks=64, settings={"max_pinned_fraction": 15.5 / 63})  # cap 15
     s = d.scheduler
-    a = make_request(tokens(0, 120), session="A", max_tokens=32, arrival=1.0)  # 8 blocks
-    b = make_request(tokens(1000, 150), session="B", max_tokens=32, arrival=2.0)  # 10
-    c = make_request(tokens(2000, 50), session="C", max_tokens=32, arrival=3.0)  # 4
+    a = make_request(tokens(0, 120), session="A", max_tokens=32)  # 8 blocks
+    b = make_request(tokens(1000, 150), session="B", max_tokens=32)  # 10
+    c = make_request(tokens(2000, 50), session="C", max_tokens=32)  # 4
     d.add(a, tool_call_script(d))
-    d.add(c, tool_call_script(d))
+    d.advance(1.0)
     d.add(b, [FILLER_TOKEN] * 4 + tool_call_script(d))
+    d.advance(1.0)
+    d.add(c, tool_call_script(d))
     d.run_until_finished(a, b, c)
     assert {p.session_id for p in s.continuum.pins} == {"A", "C"}
     assert s.continuum.stats.releases_by_reason == {}
@@ -269,10 +272,12 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
     pin = s.continuum.pins.get("A")
     durations = s.continuum.workload.durations.num_samples
 
+    d.advance(1.0)
     stranger = make_request(tokens(777, 80), session="A", max_tokens=4)
     d.add(stranger, answer_script())
-    assert s.continuum.queue.lane_of(stranger) != s.continuum.queue.lane_of(next_turn(t1))
-    assert s.continuum.queue.queue_key(stranger)[1] == stranger.arrival_time  # not the program's arrival
+    assert s.continuum.queue.lane_of(stranger) == REGULAR
+    own = s.continuum.turns[stranger.request_id].arrival
+    assert s.continuum.queue.queue_key(stranger)[1] == own > pin.session_arrival  # not the program's
     admitted_hit(d, stranger)
     drain(d)
     assert s.continuum.pins.holds(pin)
@@ -291,6 +296,7 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
 
     # The session's real next turn still takes its pin over and is measured.
     t2 = d.add(next_turn(t1), answer_script())
+    assert s.continuum.queue.lane_of(t2) == PINNED
     admitted_hit(d, t2)
     assert not s.continuum.pins.holds(pin)
     assert s.continuum.stats.releases_by_reason == {"resumed": 1}
@@ -320,7 +326,7 @@ def test_a_flood_of_session_ids_cannot_make_a_stranger_the_session(build):
     d.run_until_finished(guess)
     assert s.continuum.pins.holds(pin) and len(s.continuum.workload.programs) == 0
     t2 = d.add(next_turn(t1), answer_script())
-    assert s.continuum.queue.queue_key(t2)[1] == t1.arrival_time  # the program's place
+    assert s.continuum.queue.queue_key(t2)[1] == pin.session_arrival  # the program's place
     assert admitted_hit(d, t2) >= (t1.num_prompt_tokens // BLOCK_SIZE - 1) * BLOCK_SIZE
     assert s.continuum.stats.releases_by_reason == {"resumed": 1}
     drain(d)
@@ -371,7 +377,8 @@ def test_yield_releases_only_the_pins_that_cover_the_shortfall(build):
     d = build(num_blocks=41, settings={"pressure_policy": "yield", "max_pinned_fraction": 1})
     s = d.scheduler
     for i, session in enumerate("ABC"):  # 7 blocks each; C arrived last
-        first_turn(d, session, prompt_len=100, start=i, arrival=float(i))
+        d.advance(0.01)
+        first_turn(d, session, prompt_len=100, start=i)
     hog = d.add(make_request(tokens(2000, 200), max_tokens=200))  # 13+ blocks
     d.step()
     assert s._ledger.num_free() < 9

@@ -65,12 +65,11 @@ class Agents:
         script = ([FILLER_TOKEN] * 6 + ([EOS_TOKEN_ID] if last
                                         else [self.tool_token, FILLER_TOKEN, EOS_TOKEN_ID]))
         xargs = {"continuum_last_turn": True} if last else None
-        p.live = make_request(p.prompt, session=p.name, max_tokens=16, xargs=xargs,
-                              arrival=self.clock.now)
+        p.live = make_request(p.prompt, session=p.name, max_tokens=16, xargs=xargs)
         self.driver.add(p.live, script)
 
     def add_one_shot(self, size: int) -> str:
-        r = make_request(tokens(7000 + self.step_no, size), max_tokens=4, arrival=self.clock.now)
+        r = make_request(tokens(7000 + self.step_no, size), max_tokens=4)
         self.driver.add(r, [FILLER_TOKEN, EOS_TOKEN_ID])
         self.one_shots[r.request_id] = (self.step_no, None)
         return r.request_id

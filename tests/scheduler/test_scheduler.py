@@ -303,11 +303,13 @@ def test_pinned_blocks_never_exceed_the_cap(build):
     d = build(num_blocks=64, settings={"max_pinned_fraction": 0.25})  # 15 of 63 blocks
     s = d.scheduler
     # Sessions arrive A, B, C; their turns end B, C, A.
-    a = make_request(tokens(0, 100), session="A", max_tokens=32, arrival=1.0)
-    b = make_request(tokens(1000, 100), session="B", max_tokens=32, arrival=2.0)
-    c = make_request(tokens(2000, 100), session="C", max_tokens=32, arrival=3.0)
+    a = make_request(tokens(0, 100), session="A", max_tokens=32)
+    b = make_request(tokens(1000, 100), session="B", max_tokens=32)
+    c = make_request(tokens(2000, 100), session="C", max_tokens=32)
     d.add(a, [FILLER_TOKEN] * 4 + tool_call_script(d))
+    d.advance(1.0)
     d.add(b, tool_call_script(d))
+    d.advance(1.0)
     d.add(c, [FILLER_TOKEN] * 2 + tool_call_script(d))
     for _ in range(30):
         d.step()

@@ -131,16 +131,18 @@ def test_program_level_fcfs(build, order, expected):
     requests without a session go."""
     d = build(max_num_seqs=1, settings={"ttl_policy": "never", "queue_order": order})
     s = d.scheduler
-    a1 = make_request(tokens(0, 32), session="A", max_tokens=2, arrival=1.0)
+    a1 = make_request(tokens(0, 32), session="A", max_tokens=2)
     d.add(a1)
     d.run_until_finished(a1)
-    busy = make_request(tokens(3000, 32), max_tokens=6, arrival=2.0)
+    busy = make_request(tokens(3000, 32), max_tokens=6)
+    d.advance(1.0)
     d.add(busy)
     d.step()
-    b1 = make_request(tokens(4000, 32), session="B", max_tokens=2, arrival=3.0)
-    loner = make_request(tokens(5000, 32), max_tokens=2, arrival=3.5)
-    a2 = make_request(tokens(0, 40), session="A", max_tokens=2, arrival=4.0)
+    b1 = make_request(tokens(4000, 32), session="B", max_tokens=2)
+    loner = make_request(tokens(5000, 32), max_tokens=2)
+    a2 = make_request(tokens(0, 40), session="A", max_tokens=2)
     for r in (b1, loner, a2):
+        d.advance(0.5)
         d.add(r)
     names = {a2.request_id: "a2", b1.request_id: "b1", loner.request_id: "loner"}
     assert [names[r.request_id] for r in s.waiting] == expected

@@ -42,6 +42,7 @@ SESSIONS = [None, "a", "b", "c", "d", "e"]
 
 
 MAX_QUEUE_DELAY_S = 0.25  # short: requests go overdue often in 100 rules
+MAX_TURN_DELAY_S = 1.0  # and session turns too
 STEP_S = 0.05  # the synthetic engine's step time: waiting bounds run out in steps too
 
 
@@ -65,6 +66,7 @@ def scheduler_machine(
                 "pressure_policy": pressure_policy,
                 "max_pinned_fraction": 0.5,
                 "max_queue_delay_s": MAX_QUEUE_DELAY_S,
+                "max_turn_delay_s": MAX_TURN_DELAY_S,
                 # Without a fixed TTL, pins last until the cap: short, so that they expire.
                 "max_ttl_s": 30.0 if ttl_policy == "fixed" else 1.0,
             }
@@ -137,10 +139,18 @@ def scheduler_machine(
             if s.connector is not None:  # a remote lookup: the connector query
                 s.connector.on_query = slow(lambda request: None)
 
-        def _may_release(self, request) -> bool:
-            """When the pressure policy lets an allocation take blocks from pins."""
-            return (pressure_policy == "yield" or not self.s.running or (request.status == RequestStatus.WAITING and self.s.continuum.queue.overdue(request))
-                    or request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED))
+        def _releasable(self, request, pins):
+            """The pins the pressure policy lets an allocation take blocks from:
+            all of them, or (a turn past its turn bound) those of later programs."""
+            queue = self.s.continuum.queue
+            waiting = request.status == RequestStatus.WAITING
+            if (pressure_policy == "yield" or not self.s.running
+                    or (waiting and queue.bounded(request) and queue.overdue(request))
+                    or request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED)):
+                return pins
+            if waiting and queue.turn_overdue(request):
+                return [p for p in pins if queue.later_program(request)(p)]
+            return []
 
         def _watch_pressure(self):
             """Whenever the policy lets pins give way, a failed allocation must
@@ -155,7 +165,8 @@ def scheduler_machine(
                 pins = self._candidate_pins()
                 if result is None and pins:
                     seen["failed allocations with pins"] += 1
-                    if self._may_release(request):
+                    pins = self._releasable(request, pins)
+                    if pins:
                         for pin in pins:
                             ledger.give_back(pin.blocks, pin.fence)
                         rescued = self.s._stock_allocate_slots(request, *args, **kwargs)
@@ -184,7 +195,7 @@ def scheduler_machine(
             prompt = (base + [self._fresh() for _ in range(extra)])[-300:]
             priority = self.next_token % 3 if scheduling_policy == "priority" else 0
             request = make_request(prompt, session=session, max_tokens=max_tokens,
-                                   xargs=hints or None, arrival=self.clock.now,
+                                   xargs=hints or None,
                                    priority=priority)
             if script == "tool":
                 self.outputs[request.request_id] = [self.tool_token, FILLER_TOKEN, EOS_TOKEN_ID]
@@ -209,6 +220,8 @@ def scheduler_machine(
                 nothing_runs = not self.s.running and not self.s.deferred_frees
                 overdue = {r.request_id for r in self.s.waiting if r.status == RequestStatus.WAITING and self.s.continuum.queue.overdue(r)}
                 seen["steps with an overdue request"] += bool(overdue)
+                seen["steps with an overdue turn"] += any(
+                    self.s.continuum.queue.turn_overdue(self.s.requests[r]) for r in overdue)
                 seen["steps with deferred frees"] += bool(self.s.deferred_frees)
                 seen["young pins"] += len(self.s.continuum.pins) - len(self._candidate_pins())
                 began = self.clock.now  # the time the step reads (vLLM's calls take more)
@@ -264,8 +277,7 @@ def scheduler_machine(
             pin replaces the earlier one if it holds all its blocks, else both stay."""
             prompt = [self._fresh() for _ in range(length)]
             for delay in (0, 2):
-                request = make_request(prompt, session=session, max_tokens=8,
-                                       arrival=self.clock.now)
+                request = make_request(prompt, session=session, max_tokens=8)
                 script = [FILLER_TOKEN] * delay + [self.tool_token, FILLER_TOKEN, EOS_TOKEN_ID]
                 self.outputs[request.request_id] = script
                 self.live[request.request_id] = request
@@ -280,7 +292,7 @@ def scheduler_machine(
             if pin is None or pin.request_id not in self.finished_tokens:
                 return
             request = make_request(self.finished_tokens[pin.request_id] + [self._fresh()],
-                                   session=session, max_tokens=2, arrival=self.clock.now)
+                                   session=session, max_tokens=2)
             self.outputs[request.request_id] = [FILLER_TOKEN, EOS_TOKEN_ID]
             self.live[request.request_id] = request
             self.s.add_request(request)
@@ -294,7 +306,7 @@ def scheduler_machine(
             if pin is None or pin.request_id not in self.finished_tokens:
                 return
             request = make_request(self.finished_tokens[pin.request_id] + [self._fresh()],
-                                   session=session, arrival=self.clock.now)
+                                   session=session)
             assert self.s.continuum.pins.continued_by(session, request.block_hashes) is pin
             self.s.add_request(request)
             self.s.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
@@ -358,22 +370,33 @@ def scheduler_machine(
                     assert pin.grace_step == self.s.continuum.step, "kept past its TTL"
 
         def _check_order(self, out, overdue: set[str]):
-            """A request that was overdue (its extra wait lasted the bound) is
-            passed by no later arrival, and (priority scheduling) none of better
-            priority is passed at all."""
-            turns = self.s.continuum.turns
+            """A request that was overdue (its extra wait lasted its bound) is
+            passed by no later arrival (the waiting bound) or by no request of a
+            later program (the turn bound), and (priority scheduling) none of
+            better priority is passed at all."""
+            turns, queue = self.s.continuum.turns, self.s.continuum.queue
             first = [self.s.requests[n.req_id] for n in out.scheduled_new_reqs]
             first = [r for r in first if r.num_preemptions == 0 and r.request_id in turns]
             for waiting in self.s.waiting:
                 if waiting.status != RequestStatus.WAITING or waiting.request_id not in turns:
                     continue
-                since = turns[waiting.request_id].enqueued_at
+                bounded = queue.bounded(waiting)
+                since = turns[waiting.request_id].arrival if bounded else queue.program_arrival(waiting)
                 for admitted in first:
                     if waiting.priority < admitted.priority:
                         raise AssertionError("a request of better priority was passed")
-                    if (waiting.request_id in overdue and waiting.priority == admitted.priority
-                            and turns[admitted.request_id].enqueued_at > since):
-                        raise AssertionError("a later arrival passed an overdue request")
+                    program = queue.program_arrival(admitted)
+                    if bounded:  # an overdue turn of a program that came first may go first
+                        earlier_turn = (admitted.request_id in overdue and not queue.bounded(admitted)
+                                        and program < since)
+                        later = turns[admitted.request_id].arrival > since and not earlier_turn
+                    else:
+                        later = program > since
+                    if waiting.request_id in overdue and waiting.priority == admitted.priority and later:
+                        raise AssertionError(
+                            f"a later arrival passed an overdue request: {waiting.request_id} "
+                            f"(session {waiting.session_id}, waiting bound {bounded}, {since}) by "
+                            f"{admitted.request_id} (session {admitted.session_id})")
                     seen["order checks"] += 1
 
         def _feed(self, out):
@@ -480,6 +503,7 @@ def test_the_runs_exercised_every_release_path():
     for reason in ("resumed", "expired", "pressure", "aborted", "reset", "replaced"):
         assert total[f"release:{reason}"] > 0, (reason, sorted(total.items()))
     assert total["steps with an overdue request"] > 0, sorted(total.items())
+    assert total["steps with an overdue turn"] > 0, sorted(total.items())
     # Grace steps happened (each ends in a hand-off or a release at the next step:
     # both are also tested step by step in test_scheduler.py).
     assert sum(n for k, n in total.items() if k.startswith("grace then")) > 0, sorted(total.items())

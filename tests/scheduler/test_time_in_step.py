@@ -48,13 +48,13 @@ def test_an_overdue_request_never_replaces_the_peeked_head(tiny_model_dir, async
     calls: list[int] = []
     _slow_allocations(s, clock, 1.5, calls)
 
-    agent = driver.add(make_request(tokens(1, 64), session="agent", arrival=clock.now), [7, 0])
+    agent = driver.add(make_request(tokens(1, 64), session="agent"), [7, 0])
     clock.advance(0.01)
     # S1 fills the step's token budget: it goes ahead of O, whose extra wait begins.
-    s1 = driver.add(make_request(tokens(2, 256), arrival=clock.now), [7, 0])
+    s1 = driver.add(make_request(tokens(2, 256)), [7, 0])
     out = driver.step()
     assert [n.req_id for n in out.scheduled_new_reqs] == [s1.request_id]
-    s2 = driver.add(make_request(tokens(3, 64), arrival=clock.now), [7, 0])
+    s2 = driver.add(make_request(tokens(3, 64)), [7, 0])
     assert s.waiting.peek_request() is s2  # sessionless first, O not overdue yet
 
     calls.append(0)  # arm: the next allocations take 1.5 s each
@@ -91,7 +91,7 @@ def test_order_within_a_step_does_not_follow_the_clock(tiny_model_dir, async_sch
     # admission per step, the rest wait and go overdue while vLLM allocates.
     for i in range(8):
         session = f"s{i}" if i % 2 else None
-        driver.add(make_request(tokens(10 + i, 100), session=session, arrival=clock.now), [7, 0])
+        driver.add(make_request(tokens(10 + i, 100), session=session), [7, 0])
         clock.advance(0.01)
     calls.append(0)
     for _ in range(40):

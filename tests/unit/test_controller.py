@@ -53,7 +53,8 @@ class Req:
     session_id: str | None
     blocks: list[int]  # its physical blocks, one hash per block
     num_output_tokens: int = 3
-    arrival_time: float = 0.0
+    # vLLM's wall-clock stamp, far from the controller's clock: never read.
+    arrival_time: float = 1.8e9
     priority: int = 0
     block_hashes: list = field(default_factory=list)
     status: str = "waiting"
@@ -78,14 +79,13 @@ class Clock:
         return self.now
 
 
-def controller(pool_size=100, waiting=(), **settings) -> tuple[PinController, Ledger, Clock]:
+def controller(pool_size=100, **settings) -> tuple[PinController, Ledger, Clock]:
     settings = {"ttl_policy": "fixed", "default_ttl_s": 2.0, "max_session_pinned_fraction": 1.0,
                 **settings}
     ledger, clock = Ledger(pool_size), Clock()
     c = PinController(
         load_config(use_env=False, **settings), ledger, ContinuumStats(writer=None),
         block_size=BLOCK, hash_block_size=BLOCK, clock=clock,
-        waiting_of=lambda session: [r for r in waiting if r.session_id == session],
     )
     return c, ledger, clock
 
@@ -114,8 +114,8 @@ def test_the_next_turn_gets_the_pinned_lane_and_takes_the_pin_over_on_admission(
     c, ledger, clock = controller()
     run(c, ledger, Req("a1", "A", [1, 2, 3]))
     clock.now = 1.0
-    nxt = Req("a2", "A", [1, 2, 3, 4], arrival_time=1.0)
-    stranger = Req("s1", "A", [5, 6], arrival_time=1.0)  # same id, another prefix
+    nxt = Req("a2", "A", [1, 2, 3, 4])
+    stranger = Req("s1", "A", [5, 6])  # same id, another prefix
     c.on_arrival(nxt, None)
     c.on_arrival(stranger, None)
     assert (c.queue.lane_of(nxt), c.queue.lane_of(stranger)) == (PINNED, REGULAR)
@@ -144,24 +144,24 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
     c, ledger, clock = controller(max_tracked_sessions=4, program_idle_horizon_s=1.0,
                                   default_ttl_s=30.0)
     clock.now = 1.0
-    assert run(c, ledger, Req("a1", "A", [1, 2, 3], arrival_time=1.0))
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3]))
     clock.now = 3.0
     if forgotten_by == "flood":  # fresh ids, each aborted before any output
         for i in range(100):
-            flood = Req(f"f{i}", f"flood-{i}", [1000 + i], num_output_tokens=0, arrival_time=3.0)
+            flood = Req(f"f{i}", f"flood-{i}", [1000 + i], num_output_tokens=0)
             c.on_arrival(flood, None)
             c.on_finished(flood, aborted=True, tool_called=lambda: None)
     elif forgotten_by == "idle horizon":  # shorter than the pin's TTL
         c.on_arrival(Req("b1", "B", [50]), None)  # any arrival runs the idle check
     else:
         c.sessions.end_program("A")
-    stranger = Req("s1", "A", [5, 6], arrival_time=3.0)
+    stranger = Req("s1", "A", [5, 6])
     c.on_arrival(stranger, {"continuum_last_turn": True})
     assert c.queue.lane_of(stranger) == REGULAR and c.queue.queue_key(stranger)[1] == 3.0
     c.on_finished(stranger, aborted=False, tool_called=lambda: None)
     assert c.pins.get("A") is not None and not c.workload.programs, "a stranger ended it"
     clock.now = 4.0
-    nxt = Req("a2", "A", [1, 2, 3, 4], arrival_time=4.0)
+    nxt = Req("a2", "A", [1, 2, 3, 4])
     c.on_arrival(nxt, None)
     assert c.queue.lane_of(nxt) == PINNED and c.queue.queue_key(nxt)[1] == 1.0  # the program's place
     assert c.workload.durations.of("search").sorted == [3.0]  # turn end 1 s, arrival 4 s
@@ -189,14 +189,21 @@ def test_the_session_quota_keeps_the_first_blocks():
 
 def test_the_cap_releases_later_programs_only_if_the_new_pin_then_fits():
     c, ledger, clock = controller(pool_size=10, max_pinned_fraction=0.5)
-    run(c, ledger, Req("b1", "B", [1, 2], arrival_time=5.0))  # a later program
-    run(c, ledger, Req("c1", "C", [3, 4], arrival_time=6.0))
+    clock.now = 1.0
+    a1 = Req("a1", "A", [5, 6, 7])
+    c.on_arrival(a1, None)  # A arrives first, and finishes last
+    clock.now = 5.0
+    run(c, ledger, Req("b1", "B", [1, 2]))  # a later program
+    clock.now = 6.0
+    run(c, ledger, Req("c1", "C", [3, 4]))
     # A arrived first: its 3-block pin fits under 5 once one later pin goes.
-    assert run(c, ledger, Req("a1", "A", [5, 6, 7], arrival_time=1.0))
+    ledger.take_back(a1.blocks)
+    assert c.on_finished(a1, aborted=False, tool_called=lambda: "search")
     assert {p.session_id for p in c.pins} == {"A", "B"}  # C, the latest, went
     assert c.stats.releases_by_reason == {"pressure": 1}
     # D arrived last: nothing may go for it, so it is refused and nothing is released.
-    assert not run(c, ledger, Req("d1", "D", [8, 9], arrival_time=9.0))
+    clock.now = 9.0
+    assert not run(c, ledger, Req("d1", "D", [8, 9]))
     assert {p.session_id for p in c.pins} == {"A", "B"}
     assert c.stats.pins_refused_by_cap == 1
 
@@ -212,11 +219,10 @@ def test_shared_blocks_count_once_under_the_cap():
 
 
 def test_expiry_is_a_hard_bound_with_one_step_of_grace_for_a_queued_next_turn():
-    queued: list[Req] = []
-    c, ledger, clock = controller(waiting=queued)
+    c, ledger, clock = controller()
     run(c, ledger, Req("a1", "A", [1, 2, 3]))
     run(c, ledger, Req("b1", "B", [4, 5, 6]))
-    queued.append(Req("a2", "A", [1, 2, 3, 7]))
+    c.on_arrival(Req("a2", "A", [1, 2, 3, 7]), None)  # queued
     clock.now = 2.5
     c.begin_step()  # A's next turn is queued: one step of grace; B has none
     assert [p.session_id for p in c.pins] == ["A"]
@@ -230,9 +236,11 @@ def test_expiry_is_a_hard_bound_with_one_step_of_grace_for_a_queued_next_turn():
 ])
 def test_an_allocation_releases_the_fewest_pins_covering_its_shortfall(policy, running, released):
     c, ledger, clock = controller(pressure_policy=policy)
-    run(c, ledger, Req("a1", "A", [1, 2, 3], arrival_time=0.0))
-    run(c, ledger, Req("b1", "B", [4, 5], arrival_time=1.0))
-    newcomer = Req("n", None, [8, 9], arrival_time=2.0)
+    run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    clock.now = 1.0
+    run(c, ledger, Req("b1", "B", [4, 5]))
+    clock.now = 2.0
+    newcomer = Req("n", None, [8, 9])
     c.on_arrival(newcomer, None)
     result = c.releaser.retry_with_pins_released(
         newcomer, lambda: "blocks", shortfall=2, keep=frozenset(), running=running,
@@ -251,12 +259,13 @@ def test_under_program_admission_only_one_shots_have_the_waiting_bound(admission
     waits for room (the pins hold). Request admission: both are overdue."""
     c, ledger, clock = controller(pressure_policy="hold", admission=admission,
                                   max_queue_delay_s=1.0)
-    run(c, ledger, Req("a1", "A", [1, 2, 3], arrival_time=0.0))
-    one_shot, program = Req("o", None, [8], arrival_time=1.0), Req("c1", "C", [9], arrival_time=1.0)
+    run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    clock.now = 1.0
+    one_shot, program = Req("o", None, [8]), Req("c1", "C", [9])
     for r in (one_shot, program):
         c.on_arrival(r, None)
     clock.now = 2.0
-    later = Req("l", None, [20], arrival_time=2.0)
+    later = Req("l", None, [20])
     c.on_arrival(later, None)
     c.after_step([(later, 0)], oldest_waiting=1.0)  # a later arrival went ahead of both
     clock.now = 4.0
@@ -275,11 +284,12 @@ def test_under_program_admission_only_one_shots_have_the_waiting_bound(admission
 
 def test_an_endless_program_loses_its_precedence():
     c, ledger, clock = controller(pressure_policy="hold", program_precedence_s=100.0)
-    run(c, ledger, Req("a1", "A", [1, 2, 3], arrival_time=0.0))
+    run(c, ledger, Req("a1", "A", [1, 2, 3]))
     clock.now = 150.0  # A has been at it longer than its precedence
-    new = Req("n1", "N", [8, 9], arrival_time=150.0)
+    new = Req("n1", "N", [8, 9])
     c.on_arrival(new, None)
-    turn = Req("a2", "A", [1, 2, 3, 4], arrival_time=150.5)
+    clock.now = 150.5
+    turn = Req("a2", "A", [1, 2, 3, 4])
     c.on_arrival(turn, None)
     assert c.queue.queue_key(turn)[1] == 150.5 > c.queue.queue_key(new)[1]  # behind the newcomer
     assert c.releaser.retry_with_pins_released(
@@ -313,8 +323,8 @@ def test_the_measured_tool_duration_feeds_the_model_only_from_the_program_itself
     c, ledger, clock = controller()
     run(c, ledger, Req("a1", "A", [1, 2, 3]))
     clock.now = 1.25
-    c.on_arrival(Req("s1", "A", [5, 6], arrival_time=1.25), None)  # a stranger: no duration
-    c.on_arrival(Req("a2", "A", [1, 2, 3, 4], arrival_time=1.25), None)
+    c.on_arrival(Req("s1", "A", [5, 6]), None)  # a stranger: no duration
+    c.on_arrival(Req("a2", "A", [1, 2, 3, 4]), None)
     assert c.workload.durations.of("search").sorted == [pytest.approx(1.25)]
 
 

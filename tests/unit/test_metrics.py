@@ -90,7 +90,7 @@ class Engine:
         self.stats.on_release(pin, reason, self.clock())
 
     def publish(self, idle: bool) -> None:
-        self.stats.publish(self.pins, 63, self.clock(), idle, self.queued.__contains__)
+        self.stats.publish(self.pins, 63, self.clock(), idle, lambda pin: pin.session_id in self.queued)
 
 
 def scrape(collector) -> dict[tuple, float]:

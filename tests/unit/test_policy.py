@@ -226,7 +226,6 @@ def make_queue(pinned: set[str]):
     return LaneQueue(
         lane_of=lambda r: PREEMPTED if r.preempted else PINNED if r.session in pinned else REGULAR,
         key_of=lambda r: (r.arrival, r.name),
-        session_of=lambda r: r.session,
     )
 
 
@@ -258,17 +257,17 @@ def test_skipped_requests_keep_their_place():
     assert drain(q) == ["a", "b", "c"]
 
 
-def test_reclassify_moves_a_session_between_lanes():
+def test_requeue_moves_a_request_between_lanes():
     pinned: set[str] = set()
     q = make_queue(pinned)
     q.add_request(Req("a", 1))
-    q.add_request(Req("b", 2, "s"))
-    assert q.has_session_waiting("s") and not q.has_session_waiting("x")
+    q.add_request(b := Req("b", 2, "s"))
     pinned.add("s")
-    q.reclassify("s")
+    q.requeue(b)
     assert [r.name for r in q] == ["b", "a"]
     pinned.clear()
-    q.reclassify("s")
+    q.requeue(b)
+    q.requeue(Req("ghost", 0, "s"))  # not queued: nothing
     assert [r.name for r in q] == ["a", "b"]
 
 
@@ -277,9 +276,9 @@ def test_removing_requests_it_does_not_hold_is_harmless():
     a = Req("a", 1, "s")
     q.add_request(a)
     q.remove_requests([Req("ghost", 0, "s")])
-    assert q.has_session_waiting("s") and len(q) == 1
+    assert a in q and len(q) == 1
     q.remove_request(a)
-    assert not q and not q.has_session_waiting("s")
+    assert not q and a not in q
 
 
 def test_length_is_counted_through_every_operation():
@@ -293,7 +292,8 @@ def test_length_is_counted_through_every_operation():
     q.prepend_requests([reqs[4], reqs[5]])
     assert len(q) == len(list(q)) == 7
     pinned.add("s")
-    q.reclassify("s")
+    for r in reqs:
+        q.requeue(r)
     q.remove_requests([reqs[1], Req("ghost", 0, "s")])
     assert len(q) == len(list(q)) == 6
     q.pop_request()
@@ -306,49 +306,49 @@ def test_length_is_counted_through_every_operation():
 # ------------------------------------------------------- sessions and tools
 def test_session_registry_is_bounded_and_keeps_first_arrival():
     reg = SessionRegistry(max_sessions=2)
-    reg.observe_arrival("a", 5, now=0, hashes=["h1"])
+    reg.observe_arrival("a", now=0, hashes=["h1"])
     reg.observe_turn_end("a", now=0.5, tool="t", anchor=Anchor(1, "h1"))
-    reg.observe_arrival("a", 9, now=1, hashes=["h1", "h2"])
-    assert reg.first_arrival("a", default=0) == 5
-    reg.observe_arrival("b", 6, now=2, hashes=[])
-    reg.observe_arrival("c", 7, now=3, hashes=[])
+    reg.observe_arrival("a", now=1, hashes=["h1", "h2"])
+    assert reg.first_arrival("a", default=-1) == 0  # its first request's
+    reg.observe_arrival("b", now=2, hashes=[])
+    reg.observe_arrival("c", now=3, hashes=[])
     # Sessions that never finished a turn go first: "a" did, so "b" is forgotten.
     assert "a" in reg and "b" not in reg and len(reg) == 2
     reg.observe_turn_end("c", now=4, tool=None, anchor=None)
-    reg.observe_arrival("d", 8, now=5, hashes=[])  # both known: the least recent goes
+    reg.observe_arrival("d", now=5, hashes=[])  # both known: the least recent goes
     assert "a" not in reg and {"c", "d"} <= set(reg._new) | set(reg._known)
 
 
 def test_a_flood_of_fresh_ids_cannot_push_a_working_session_out():
     reg = SessionRegistry(max_sessions=4)
-    reg.observe_arrival("agent", 1.0, now=1.0, hashes=["h1"])
+    reg.observe_arrival("agent", now=1.0, hashes=["h1"])
     reg.observe_turn_end("agent", now=2.0, tool="search", anchor=Anchor(1, "h1"))
     for i in range(1000):  # fresh ids, each aborted at once (no turn ends)
-        reg.observe_arrival(f"flood-{i}", 3.0, now=3.0, hashes=[])
-    agent = reg.observe_arrival("agent", 9.0, now=4.0, hashes=["h1", "h2"])
+        reg.observe_arrival(f"flood-{i}", now=3.0, hashes=[])
+    agent = reg.observe_arrival("agent", now=4.0, hashes=["h1", "h2"])
     assert agent.continues and agent.measured == ("search", 2.0) and len(reg) == 4
     assert reg.first_arrival("agent", default=0) == 1.0
 
 
 def test_tool_duration_is_next_arrival_minus_turn_end():
     reg = SessionRegistry(max_sessions=10)
-    reg.observe_arrival("a", 0, now=10.0, hashes=["h1"])
+    reg.observe_arrival("a", now=10.0, hashes=["h1"])
     reg.observe_turn_end("a", now=11.0, tool="search", anchor=Anchor(1, "h1"))
-    arrival = reg.observe_arrival("a", 0, now=13.5, hashes=["h1", "h2"])
+    arrival = reg.observe_arrival("a", now=13.5, hashes=["h1", "h2"])
     assert arrival.measured == ("search", 2.5) and arrival.state.turns == 1 and arrival.continues
-    assert reg.observe_arrival("a", 0, now=14, hashes=["h1"]).measured is None  # measured once
+    assert reg.observe_arrival("a", now=14, hashes=["h1"]).measured is None  # measured once
     reg.observe_turn_end("a", now=15.0, tool=None, anchor=Anchor(1, "h1"))  # no tool call
-    assert reg.observe_arrival("a", 0, now=16, hashes=["h1"]).measured is None
+    assert reg.observe_arrival("a", now=16, hashes=["h1"]).measured is None
 
 
 def test_a_request_that_only_carries_the_session_id_does_not_speak_for_it():
     """Another prefix: no duration learned, no inherited place in the queue."""
     reg = SessionRegistry(max_sessions=10)
-    reg.observe_arrival("a", 1.0, now=1.0, hashes=["h1"])
+    reg.observe_arrival("a", now=1.0, hashes=["h1"])
     reg.observe_turn_end("a", now=2.0, tool="search", anchor=Anchor(1, "h1"))
-    stranger = reg.observe_arrival("a", 50.0, now=3.0, hashes=["x1", "x2"])
+    stranger = reg.observe_arrival("a", now=3.0, hashes=["x1", "x2"])
     assert not stranger.continues and not stranger.first_turn and stranger.measured is None
-    agent = reg.observe_arrival("a", 60.0, now=4.0, hashes=["h1", "h2"])
+    agent = reg.observe_arrival("a", now=4.0, hashes=["h1", "h2"])
     assert agent.continues and agent.measured == ("search", 2.0)
     assert reg.first_arrival("a", default=0) == 1.0
 
@@ -356,7 +356,7 @@ def test_a_request_that_only_carries_the_session_id_does_not_speak_for_it():
 def test_programs_end_by_hint_or_idleness():
     reg = SessionRegistry(max_sessions=10)
     for session, now in [("a", 0.0), ("b", 5.0)]:
-        reg.observe_arrival(session, now, now=now, hashes=[])
+        reg.observe_arrival(session, now=now, hashes=[])
         reg.observe_turn_end(session, now=now + 1, tool="t", anchor=None)
     assert reg.pop_idle(now=8.0, horizon_s=5) == [("a", 1)]
     # A session whose context is pinned is running a tool, not idle.
@@ -424,7 +424,6 @@ def test_an_overdue_request_goes_first_behind_preempted_ones_only():
     q = LaneQueue(
         lane_of=lambda r: PREEMPTED if r.preempted else PINNED if r.session in pinned else REGULAR,
         key_of=lambda r: (r.arrival, r.name),
-        session_of=lambda r: r.session,
         enqueued_at=lambda r: r.arrival,
         overdue=lambda r: r.name in overdue,
     )
@@ -444,7 +443,7 @@ def test_a_pop_returns_what_the_last_peek_returned():
     overdue: set[str] = set()
     q = LaneQueue(
         lane_of=lambda r: REGULAR, key_of=lambda r: (r.arrival, r.name),
-        session_of=lambda r: r.session, enqueued_at=lambda r: r.arrival,
+        enqueued_at=lambda r: r.arrival,
         overdue=lambda r: r.name in overdue,
     )
     for r in [Req("old", 1), Req("new", 0.5)]:  # keyed by arrival: "new" first

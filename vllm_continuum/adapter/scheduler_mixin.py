@@ -26,6 +26,7 @@ vLLM that works:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -88,11 +89,9 @@ class ContinuumSchedulerMixin:
             pinning=pinning,
             clock=continuum_clock or time.monotonic,
             ttl_policy=continuum_ttl_policy,
-            waiting_of=self._waiting_of,
             on_lane_change=self._lane_changed,
             pool_state=self._ledger.pool_state,
             preempted_status=RequestStatus.PREEMPTED,
-            waiting_status=RequestStatus.WAITING,
         )
         self._affinity = AffinityMonitor(
             vocab_token_id(tokenizer, cfg.tool_result_token),
@@ -109,10 +108,10 @@ class ContinuumSchedulerMixin:
                 "could never be hit: nothing is pinned; queue_order=%s still applies",
                 cfg.queue_order,
             )
-        # Sessions whose lane changed while vLLM was between peek and pop of
+        # Requests whose lane changed while vLLM was between peek and pop of
         # the waiting queue: re-sorted only once schedule() is done.
         self._in_schedule = False
-        self._lane_changes: set[str] = set()
+        self._lane_changes: dict[str, Request] = {}
         assert not self.waiting, "the waiting queue is replaced before any request"
         if cfg.queue_order != "fcfs":
             self.waiting = self.continuum.queue.lane_queue(ContinuumWaitingQueue)
@@ -154,12 +153,12 @@ class ContinuumSchedulerMixin:
                     (self.requests[new.req_id], new.num_computed_tokens)
                     for new in output.scheduled_new_reqs if new.req_id in self.requests
                 ]
-                c.after_step(admitted, self._oldest_waiting())
+                c.after_step(admitted, *self._first_waiting())
         finally:
             c.end_step()
             self._in_schedule = False
-            for session in self._lane_changes:
-                self._reclassify(session)
+            for request in self._lane_changes.values():
+                self._requeue(request)
             self._lane_changes.clear()
         return output  # published after update_from_output, once per step
 
@@ -241,26 +240,26 @@ class ContinuumSchedulerMixin:
             idle=not self.has_requests(), held=c.releaser.held,
         )
 
-    def _oldest_waiting(self) -> float | None:
+    def _first_waiting(self) -> tuple[float | None, float | None]:
+        """(arrival of the oldest request with the waiting bound, program arrival
+        of the earliest turn with the turn bound) still waiting: the bounds
+        forget what nobody waiting can be passed by. vLLM's own queue
+        (`queue_order: fcfs`) is not indexed: its marks are kept while anyone
+        waits (few: one per step that pins held the head back)."""
         if isinstance(self.waiting, LaneQueue):
-            return self.waiting.oldest_enqueued_at()
-        return min(map(self.continuum.queue.enqueued_at, self.waiting), default=None)
+            return self.waiting.oldest_enqueued_at(), self.waiting.first_program_waiting()
+        keep_all = -math.inf if self.waiting else None
+        return keep_all, keep_all
 
-    def _waiting_of(self, session: str):
-        """Queued requests that may belong to `session` (all of them with vLLM's queue)."""
-        if isinstance(self.waiting, LaneQueue) and not self.waiting.has_session_waiting(session):
-            return ()
-        return self.waiting
-
-    def _lane_changed(self, session: str) -> None:
+    def _lane_changed(self, request: Request) -> None:
         if self._in_schedule:
-            self._lane_changes.add(session)
+            self._lane_changes[request.request_id] = request
         else:
-            self._reclassify(session)
+            self._requeue(request)
 
-    def _reclassify(self, session: str) -> None:
+    def _requeue(self, request: Request) -> None:
         if isinstance(self.waiting, LaneQueue):
-            self.waiting.reclassify(session)
+            self.waiting.requeue(request)
 
 
 def _set_log_level(level: str | None) -> None:

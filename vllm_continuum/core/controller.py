@@ -25,6 +25,7 @@ here, at the step clock (`now`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -68,6 +69,7 @@ class Ended:
     tool: str
     hints: Hints
     program_arrival: float
+    seq: int  # the controller's arrival count when it ended: later arrivals may continue it
     superseded: bool = False  # its next turn was allocated meanwhile: it holds the context
 
 
@@ -85,14 +87,15 @@ class PinController:
         pinning: bool = True,
         clock: Callable[[], float] = time.monotonic,
         ttl_policy: Callable[[ContinuumConfig, WorkloadModel], TTLPolicy] = make_ttl_policy,
-        waiting_of: Callable[[str], Iterable[TurnRequest]] = lambda session: (),
-        on_lane_change: Callable[[str], None] = lambda session: None,
+        on_lane_change: Callable[[TurnRequest], None] = lambda request: None,
         pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None] = lambda counted: None,
         preempted_status: object = "preempted",
-        waiting_status: object = "waiting",
     ) -> None:
-        """`preempted_status`, `waiting_status`: the request statuses (opaque
-        here) of a preempted request and of one not yet admitted."""
+        """`clock`: the one clock every rule reads (vLLM's `arrival_time`, a
+        wall-clock stamp, is never compared with it: a request arrives when the
+        controller sees it); `on_lane_change(request)`: a queued request's lane
+        changed (a pin of its context appeared or went); `preempted_status`: the
+        request status (opaque here) of a preempted request."""
         self.config = config
         self.stats = stats
         self.clock = clock
@@ -111,25 +114,32 @@ class PinController:
         self.pins = PinTable()
         self.sessions = SessionRegistry(config.max_tracked_sessions)
         self.bound = WaitingBound(config.max_queue_delay_s)
+        self.turn_bound = WaitingBound(config.max_turn_delay_s)
         self.order = ProgramOrder(config.admission, config.program_precedence_s)
         self.turns: dict[str, Turn] = {}
-        self._ended: dict[str, Ended] = {}  # request id -> its end, until its blocks are freed
+        # Requests of each session not admitted yet, in arrival order.
+        self._queued: dict[str, dict[str, TurnRequest]] = {}
+        # Ends whose blocks are not freed yet: by request id, and per session.
+        self._ended: dict[str, Ended] = {}
+        self._ended_of: dict[str, dict[str, Ended]] = {}
+        self._arrivals = itertools.count(1)
+        self._seq = 0  # arrivals so far
+        self._on_lane_change = on_lane_change
         self.step = 0  # scheduling steps so far: an expired pin's grace is one of them
         self._step_time: float | None = None  # the clock as the step in progress began
         self._warned_hints: set[str] = set()
         # Where each waiting request goes in the queue, and who is overdue or entitled.
-        self.queue = QueueRules(queue_order=config.queue_order, pins=self.pins, turns=self.turns,
-                                order=self.order, bound=self.bound, level=self.level, now=self.now,
-                                preempted_status=preempted_status, waiting_status=waiting_status)
+        self.queue = QueueRules(queue_order=config.queue_order, turns=self.turns, pins=self.pins,
+                                order=self.order, bound=self.bound, turn_bound=self.turn_bound,
+                                level=self.level, now=self.now, preempted_status=preempted_status)
         self.releaser = PinReleaser(self.pins, ledger, stats, self.queue,
                                     pressure_policy=config.pressure_policy, step=lambda: self.step,
-                                    waiting_of=waiting_of, on_lane_change=on_lane_change)
+                                    on_gone=self._pin_gone)
         # `pool_state`: the pool's free blocks and waiting demand, for `pin_cost:
         # pressure` (None: unknown, Eq. 2's cost), read only when a pin is decided.
         self.maker = PinMaker(config, policy, self.pins, ledger, self.releaser, self.queue, stats,
                               block_size=block_size, hash_block_size=hash_block_size,
-                              one_kv_group=one_kv_group, pool_state=pool_state,
-                              on_lane_change=on_lane_change)
+                              one_kv_group=one_kv_group, pool_state=pool_state)
 
     # ------------------------------------------------------------ step side
     def now(self) -> float:
@@ -145,12 +155,17 @@ class PinController:
         self.step += 1
         self.releaser.release_expired(grace_until=self.step)
 
-    def after_step(self, admitted: Iterable[tuple[TurnRequest, int]], oldest_waiting: float | None) -> None:
+    def after_step(self, admitted: Iterable[tuple[TurnRequest, int]],
+                   oldest_waiting: float | None = None, first_program_waiting: float | None = None) -> None:
         """`admitted`: (request, cached tokens) of each request the step admitted;
-        `oldest_waiting`: when the oldest request still waiting was enqueued."""
+        `oldest_waiting`: when the oldest request with the waiting bound still
+        waiting arrived; `first_program_waiting`: the earliest program arrival of
+        a turn still waiting (turn bound)."""
         for request, num_cached_tokens in admitted:
             self._on_admitted(request, num_cached_tokens)
-        self.bound.prune(oldest_waiting if oldest_waiting is not None else self.now())
+        now = self.now()
+        self.bound.prune(oldest_waiting if oldest_waiting is not None else now)
+        self.turn_bound.prune(first_program_waiting if first_program_waiting is not None else now)
 
     def end_step(self) -> None:
         """The step is over: rules read the clock again."""
@@ -158,20 +173,21 @@ class PinController:
 
     # --------------------------------------------------------- arrival side
     def on_arrival(self, request: TurnRequest, extra_args: Mapping[str, object] | None) -> None:
-        """A new request: read its hints, and whether it continues its session."""
+        """A new request: read its hints, and whether it continues its session.
+        It arrives now, on the controller's clock."""
         self._end_idle_programs()
         hints = parse_hints(extra_args, self.config.max_hint_tool_name_length)
         if hints.invalid:
             self._count_invalid_hints(request.request_id, hints, extra_args)
         now = self.now()
-        turn = Turn(hints, enqueued_at=now, program_arrival=request.arrival_time)
+        self._seq = next(self._arrivals)
+        turn = Turn(hints, arrival=now, program_arrival=now, seq=self._seq)
         self.turns[request.request_id] = turn
         session = turn.session = session_key(request.session_id)
         if session is None:
             return
-        arrival = self.sessions.observe_arrival(
-            session, request.arrival_time, now, request.block_hashes
-        )
+        self._queued.setdefault(session, {})[request.request_id] = request
+        arrival = self.sessions.observe_arrival(session, now, request.block_hashes)
         turn.continues, turn.first_turn = arrival.continues, arrival.first_turn
         measured = arrival.measured
         pin = self.pins.continued_by(session, request.block_hashes)
@@ -181,26 +197,28 @@ class PinController:
             self.sessions.adopt(session, pin.session_arrival, pin.anchor)
             turn.continues, turn.first_turn = True, False
             measured = (pin.tool, max(0.0, now - pin.created_at))
-        elif pin is None and self.pins.of_session(session):
+        elif pin is None and self.pins.has_session(session):
             turn.first_turn = False  # the program lives on in its pins: a stranger
         if measured is not None:
             tool, seconds = measured
             self.workload.durations.add(tool, seconds)
             self.stats.on_tool_duration(tool, seconds)
         if turn.continues:
-            turn.program_arrival = self.sessions.first_arrival(session, request.arrival_time)
+            turn.program_arrival = self.sessions.first_arrival(session, now)
             turn.resuming = (pin is not None, now)
+        if pin is not None:
+            self._attach(request, turn, pin)
 
     def _end_idle_programs(self) -> None:
         horizon = self.config.program_idle_horizon_s
-        busy = lambda session: bool(self.pins.of_session(session))  # noqa: E731  (a tool runs)
-        for _, turns in self.sessions.pop_idle(self.now(), horizon, busy):
+        for _, turns in self.sessions.pop_idle(self.now(), horizon, busy=self.pins.has_session):
             self.workload.programs.add(turns)
 
     def _on_admitted(self, request: TurnRequest, num_cached_tokens: int) -> None:
         turn = self.turns.get(request.request_id)
         if turn is not None:
-            self.bound.went_ahead(turn.enqueued_at, self.level(request), self.now())
+            self.queue.went_ahead(request)
+            self._dequeued(request, turn)
             if turn.resuming is not None:
                 had_pin, arrived = turn.resuming
                 turn.resuming = None
@@ -225,6 +243,8 @@ class PinController:
         connector keeps its blocks a while longer (it sends them first).
         `tool_called` reads the tool from its output."""
         turn = self.turns.pop(request.request_id, None)
+        if turn is not None:
+            self._dequeued(request, turn)
         session = session_key(request.session_id)
         if session is None:
             return
@@ -255,8 +275,10 @@ class PinController:
                 self.releaser.release_continued(session, hashes, ReleaseReason.ABORTED)
             return
         if self.pinning:
-            program_arrival = turn.program_arrival if turn is not None else request.arrival_time
-            self._ended[request.request_id] = Ended(session, tool, hints, program_arrival)
+            program_arrival = turn.program_arrival if turn is not None else self.now()
+            ended = Ended(session, tool, hints, program_arrival, seq=self._seq)
+            self._ended[request.request_id] = ended
+            self._ended_of.setdefault(session, {})[request.request_id] = ended
 
     def on_blocks_freed(
         self, request: TurnRequest, aborted: bool, tool_called: Callable[[], str | None]
@@ -266,11 +288,18 @@ class PinController:
         if request.request_id in self.turns:  # freed without its end reported first
             self.on_turn_end(request, aborted, tool_called)
         ended = self._ended.pop(request.request_id, None)
-        if ended is None or ended.superseded:
+        if ended is None:
+            return False
+        _discard(self._ended_of, ended.session, request.request_id)
+        if ended.superseded:
             # Freed late (a connector sent the blocks first) after the next turn
             # was allocated: it holds the context already; a pin would only expire.
             return False
-        return self.maker.pin(request, ended.session, ended.tool, ended.hints, ended.program_arrival)
+        pin = self.maker.pin(request, ended.session, ended.tool, ended.hints, ended.program_arrival)
+        if pin is None:
+            return False
+        self._attach_late_arrivals(pin, ended.seq)
+        return True
 
     def on_allocated(self, request: TurnRequest) -> None:
         """vLLM allocated blocks for a waiting request: its prefix hit is touched,
@@ -278,14 +307,49 @@ class PinController:
         schedules it this step or holds it while a connector loads its KV."""
         turn = self.turns.get(request.request_id)
         if turn is not None and turn.continues:
-            for ended in self._ended.values():  # turns whose blocks a connector still holds
-                ended.superseded |= ended.session == turn.session
+            for ended in self._ended_of.get(turn.session, {}).values():  # blocks a connector holds
+                ended.superseded = True
         self._hand_over(request)
 
     def _hand_over(self, request: TurnRequest) -> None:
         pin = self.pins.continued_by(session_key(request.session_id), request.block_hashes)
         if pin is not None and pin.request_id != request.request_id:
             self.releaser.release(pin, ReleaseReason.RESUMED)
+
+    # ------------------------------------------------- the pinned lane's turns
+    def _attach(self, request: TurnRequest, turn: Turn, pin) -> None:
+        """The queued `request` continues `pin`'s context: the pinned lane."""
+        turn.pin = pin
+        pin.waiters[request.request_id] = request
+
+    def _attach_late_arrivals(self, pin, ended_seq: int) -> None:
+        """A new pin: queued turns of its session that arrived after its turn
+        ended (a connector freed the blocks late) and continue it join the
+        pinned lane. Turns that arrived before cannot be its next turn: they
+        are not read, so a session's flood of queued requests costs nothing."""
+        queued = self._queued.get(pin.session_id, {})
+        for request_id in reversed(list(_tail_after(queued, self.turns, ended_seq))):
+            request, turn = queued[request_id], self.turns[request_id]
+            if turn.pin is None and pin.anchor.continued_by(request.block_hashes):
+                self._attach(request, turn, pin)
+                self._on_lane_change(request)
+
+    def _pin_gone(self, pin) -> None:
+        """A pin left the table: its queued turns leave the pinned lane."""
+        for request_id, request in pin.waiters.items():
+            turn = self.turns.get(request_id)
+            if turn is not None and turn.pin is pin:
+                turn.pin = None
+                self._on_lane_change(request)
+        pin.waiters.clear()
+
+    def _dequeued(self, request: TurnRequest, turn: Turn) -> None:
+        """Admitted or finished: no longer a queued turn."""
+        if turn.pin is not None:
+            turn.pin.waiters.pop(request.request_id, None)
+            turn.pin = None
+        if turn.session is not None and turn.session in self._queued:
+            _discard(self._queued, turn.session, request.request_id)
 
     # ------------------------------------------------------------ utilities
     def _count_invalid_hints(self, request_id: str, hints: Hints, extra) -> None:
@@ -300,3 +364,21 @@ class PinController:
                 )
             else:
                 logger.debug("continuum: ignoring invalid hint %s=%s", key, value)
+
+
+def _discard(index: dict[str, dict], key: str, member: str) -> None:
+    inner = index.get(key)
+    if inner is not None:
+        inner.pop(member, None)
+        if not inner:
+            del index[key]
+
+
+def _tail_after(queued: dict[str, TurnRequest], turns: dict[str, Turn], seq: int):
+    """Ids of the queued requests that arrived after arrival number `seq`,
+    newest first: O(those)."""
+    for request_id in reversed(queued):
+        turn = turns.get(request_id)
+        if turn is None or turn.seq <= seq:
+            return
+        yield request_id

@@ -15,16 +15,18 @@ blocks (a block two pins share counts once):
   it is further along); if those cannot make room, the new pin is refused
   and nothing is released.
 
-Since issue 19 both are open by default (0.95 and 1.0): program admission
-already keeps the programs' working sets to what the pool holds, and the
-release rules, not these caps, keep pins fair (docs/guarantees.md). They
-stay the operator's tool beside untrusted sessions.
+Both are open by default (0.95 and 1.0): program admission already keeps
+the programs' working sets to what the pool holds, and the release rules,
+not these caps, keep pins fair (docs/guarantees.md). They stay the
+operator's tool beside untrusted sessions. Both cost O(the new pin's blocks
++ the pins they release), whatever else is pinned.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
+from itertools import takewhile
 
 from vllm_continuum.core.pin_table import Pin, PinTable
 from vllm_continuum.core.pressure import pins_to_release
@@ -39,9 +41,10 @@ def session_quota_cut(pins: PinTable, session: str, block_ids: Sequence[int | No
     kept = len(block_ids)
     while True:  # fewer kept blocks replace fewer pins: a few rounds at most
         replaced = pins.subsumed_by(session, hashes[: kept * hashes_per_block])
-        others = {b for p in pins.of_session(session) if p not in replaced for b in p.block_ids}
-        new = [i for i, b in enumerate(block_ids[:kept]) if b is not None and b not in others]
-        room = quota - len(others)
+        others = pins.session_count_with(session, (), without=replaced)
+        new = [i for i, b in enumerate(block_ids[:kept])
+               if b is not None and not pins.session_holds(session, b, without=replaced)]
+        room = quota - others
         if len(new) <= room or kept == 0:
             return replaced, kept
         kept = new[room] if one_kv_group and room > 0 else 0
@@ -55,7 +58,8 @@ def cap_victims(pins: PinTable, ids: tuple[int, ...], replaced: list[Pin], arriv
     total = pins.count_with(ids, without=replaced)
     if total <= cap:
         return []
-    candidates = [p for p in pins.release_order() if p.session_arrival > arrival and p not in replaced]
-    going = Counter(b for p in replaced for b in p.block_ids)
+    candidates = (p for p in takewhile(lambda p: p.session_arrival > arrival, pins.release_order())
+                  if p not in replaced)
+    going = Counter(b for p in replaced for b in p.block_id_set)
     victims = pins_to_release(candidates, total - cap, lambda b: pins.refs(b) - going[b], keep=set(ids))
     return victims or None

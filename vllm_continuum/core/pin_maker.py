@@ -57,7 +57,6 @@ class PinMaker:
         hash_block_size: int,
         one_kv_group: bool,
         pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None],
-        on_lane_change: Callable[[str], None],
     ) -> None:
         """`one_kv_group`: else a pin cannot keep only its first blocks;
         `pool_state(counted)`: the pool's free blocks and the demand of the
@@ -67,11 +66,11 @@ class PinMaker:
         self.block_size, self.hash_block_size = block_size, hash_block_size
         self.hashes_per_block = max(1, block_size // hash_block_size)
         self.one_kv_group = one_kv_group
-        self.pool_state, self._on_lane_change = pool_state, on_lane_change
+        self.pool_state = pool_state
 
-    def pin(self, request: TurnRequest, session: str, tool: str, hints: Hints, arrival: float) -> bool:
+    def pin(self, request: TurnRequest, session: str, tool: str, hints: Hints, arrival: float) -> Pin | None:
         """Pin what the finished `request` (a turn of `session`, whose program
-        arrived at `arrival`, that called `tool`) may keep: True if a pin now
+        arrived at `arrival`, that called `tool`) may keep: the pin, if one now
         holds its blocks (then they must not be freed)."""
         blocks, fence = self.ledger.take(request)
         hashes = tuple(request.block_hashes)
@@ -95,7 +94,7 @@ class PinMaker:
             if ttl_s > 0:
                 self.stats.on_pin_refused(tool)
             self.ledger.give_back(blocks, fence)
-            return False
+            return None
         self.ledger.give_back(blocks[kept:], fence)
         for old in replaced:
             self.releaser.release(old, ReleaseReason.REPLACED)
@@ -118,8 +117,7 @@ class PinMaker:
         )
         self.pins.add(pin)
         self.stats.on_pin(pin)
-        self._on_lane_change(session)
-        return True
+        return pin
 
     def _ttl(self, turn: TurnEnd, kept_ids: tuple[int, ...]) -> tuple[float, float | None]:
         """(TTL, contested TTL) of a pin of `kept_ids`, as the policy decides."""

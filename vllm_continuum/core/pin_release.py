@@ -13,6 +13,11 @@
   pins that gave up their claim (past their contested TTL, for a request
   entitled to pinned memory; or of a program that lost its precedence). The
   allocation is retried once; if it fails anyway, nothing was released.
+  A turn whose turn bound passed also takes pins of programs that arrived
+  after its own; a turn that such pins hold back starts its turn bound.
+
+Each operation reads pins in one of the table's orders, lazily, only as far
+as it needs: its cost does not grow with the pins it does not touch.
 
 Every time read here is the controller's step clock (`now`): nothing may
 change what pins do between vLLM's peek at the queue and its pop.
@@ -21,14 +26,14 @@ change what pins do between vLLM's peek at the queue and its pop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from itertools import chain, takewhile
 from typing import Protocol, TypeVar
 
 from vllm_continuum.core.ledger import BlockLedger
 from vllm_continuum.core.pin_table import Pin, PinTable, ReleaseReason
 from vllm_continuum.core.pressure import PressurePolicy, may_release_pins, pins_to_release
 from vllm_continuum.core.queue_rules import QueueRules
-from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.turn import TurnRequest
 
 logger = logging.getLogger("vllm.continuum")
@@ -50,22 +55,22 @@ class PinReleaser:
         *,
         pressure_policy: PressurePolicy,
         step: Callable[[], int],
-        waiting_of: Callable[[str], Iterable[TurnRequest]],
-        on_lane_change: Callable[[str], None],
+        on_gone: Callable[[Pin], None],
     ) -> None:
-        """`queue`: who is overdue or entitled, and the clock, order and bound
+        """`queue`: who is overdue or entitled, and the clock, order and bounds
         it reads; `step`: the scheduling steps so far (an expired pin's grace is
-        one of them); `waiting_of(session)`: queued requests that may be its."""
+        one of them); `on_gone(pin)`: a pin left the table (its waiting turns
+        change lane)."""
         self.pins, self.ledger, self.stats, self.queue = pins, ledger, stats, queue
         self.pressure_policy = pressure_policy
-        self._step, self._waiting_of, self._on_lane_change = step, waiting_of, on_lane_change
+        self._step, self._on_gone = step, on_gone
 
     def release(self, pin: Pin, reason: ReleaseReason) -> None:
         if not self.pins.remove(pin):
             return
         self.ledger.give_back(pin.blocks, pin.fence)
         self.stats.on_release(pin, reason, self.queue.now())
-        self._on_lane_change(pin.session_id)
+        self._on_gone(pin)
 
     def release_all(self, reason: ReleaseReason) -> None:
         for pin in self.pins:
@@ -82,22 +87,17 @@ class PinReleaser:
         if not self.pins:
             return
         for pin in self.pins.expired(self.queue.now()):
-            if pin.grace_step is None and self._next_turn_waiting(pin):
+            if pin.grace_step is None and pin.waiters:
                 pin.grace_step = grace_until
             if pin.grace_step is not None and self._step() <= pin.grace_step:
                 self.pins.requeue(pin)
             else:
                 self.release(pin, ReleaseReason.EXPIRED)
 
-    def held(self, session: str) -> bool:
-        """Whether one of the session's pins is past its TTL, kept for its queued turn."""
-        return any(p.grace_step is not None for p in self.pins.of_session(session))
-
-    def _next_turn_waiting(self, pin: Pin) -> bool:
-        return pin.anchor is not None and any(
-            session_key(r.session_id) == pin.session_id and pin.anchor.continued_by(r.block_hashes)
-            for r in self._waiting_of(pin.session_id)
-        )
+    @staticmethod
+    def held(pin: Pin) -> bool:
+        """Whether the pin is past its TTL, kept for its queued turn."""
+        return pin.grace_step is not None
 
     def retry_with_pins_released(
         self,
@@ -114,32 +114,58 @@ class PinReleaser:
         """After an allocation for `request` failed: release the fewest pins
         that cover its `shortfall` of blocks (None: unknown) and `retry` once,
         if the pressure policy allows. If no set of pins covers it, or the
-        retry fails anyway, nothing is released."""
-        queue = self.queue
-        candidates = [p for p in self.pins.release_order() if self.ledger.can_give_back_now(p.fence)]
-        victims = pins_to_release(candidates, shortfall, self.ledger.ref_count, keep=keep)
+        retry fails anyway, nothing is released. Reads pins in release order
+        only until they cover the shortfall."""
+        if shortfall is not None and shortfall > self.pins.num_pinned_blocks:
+            return None  # even every pin together would not cover it
+        refs = self.ledger.ref_count
+        victims = pins_to_release(self._releasable(self.pins.release_order()), shortfall, refs, keep=keep)
         if not victims:
             return None
-        if not may_release_pins(
-            self.pressure_policy,
-            running,
-            anything_running=anything_running,
-            preempted=preempted,
-            overdue=waiting and queue.overdue(request),
-        ):
-            # Only pins past their contested TTL give way (to a request entitled
-            # to pinned memory), and pins of a program that lost its precedence;
-            # if they do not cover it, pins could make room but are kept:
-            # everyone waiting waits.
-            now = queue.now()
-            entitled = queue.entitled(request)
-            takeable = [p for p in candidates
-                        if (entitled and p.contested_at <= now)
-                        or queue.order.lost_precedence(p.session_arrival, now)]
-            victims = pins_to_release(takeable, shortfall, self.ledger.ref_count, keep=keep)
+        queue = self.queue
+        overdue = waiting and queue.bounded(request) and queue.overdue(request)
+        if not may_release_pins(self.pressure_policy, running, anything_running=anything_running,
+                                preempted=preempted, overdue=overdue):
+            victims = pins_to_release(self._takeable(request, waiting), shortfall, refs, keep=keep)
             if not victims:
-                queue.bound.held_by_pins(queue.level(request), now)
+                self._held(request, waiting, shortfall, keep)
                 return None
+        return self._release_and_retry(request, victims, retry)
+
+    def _releasable(self, pins: Iterable[Pin]) -> Iterator[Pin]:
+        return (p for p in pins if self.ledger.can_give_back_now(p.fence))
+
+    def _takeable(self, request: TurnRequest, waiting: bool) -> Iterator[Pin]:
+        """Under hold, the pins that give way to `request` anyway, lazily: pins
+        of later programs once its turn bound passed, pins of programs that
+        lost their precedence, and (for a request entitled to pinned memory)
+        pins past their contested TTL."""
+        queue, now = self.queue, self.queue.now()
+        later = iter(())
+        if waiting and queue.turn_overdue(request):
+            later = takewhile(queue.later_program(request), self.pins.release_order())
+        lost = takewhile(lambda p: queue.order.lost_precedence(p.session_arrival, now),
+                         self.pins.oldest_programs_first())
+        contested = iter(())
+        if queue.entitled(request):
+            contested = takewhile(lambda p: p.contested_at <= now, self.pins.by_contested_ttl())
+        seen: set[int] = set()
+        for pin in self._releasable(chain(later, lost, contested)):
+            if id(pin) not in seen:
+                seen.add(id(pin))
+                yield pin
+
+    def _held(self, request: TurnRequest, waiting: bool, shortfall: int | None, keep) -> None:
+        """Pins could make room but are kept: everyone waiting waits (the waiting
+        bound); a turn held by pins of later programs starts its turn bound."""
+        queue = self.queue
+        queue.bound.held_by_pins(queue.level(request), queue.now())
+        if waiting and not queue.bounded(request):
+            later = takewhile(queue.later_program(request), self.pins.release_order())
+            if pins_to_release(self._releasable(later), shortfall, self.ledger.ref_count, keep=keep):
+                queue.held_by_later_pins(request)
+
+    def _release_and_retry(self, request: TurnRequest, victims: list[Pin], retry: Callable[[], T | None]) -> T | None:
         for pin in victims:
             self.pins.remove(pin)
             self.ledger.give_back(pin.blocks, pin.fence)
@@ -151,8 +177,8 @@ class PinReleaser:
                 self.ledger.take_back(pin.blocks)
                 self.pins.add(pin)
             return None
-        now = queue.now()
+        now = self.queue.now()
         for pin in victims:
             self.stats.on_release(pin, ReleaseReason.PRESSURE, now)
-            self._on_lane_change(pin.session_id)
+            self._on_gone(pin)
         return allocated

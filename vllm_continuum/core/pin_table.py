@@ -17,6 +17,7 @@ each pin their ids.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections import Counter
@@ -83,10 +84,16 @@ class Pin:
     # From then on it gives way to waiting requests that need its blocks
     # (`pin_cost: pressure`: where Eq. 2 at full cost would have ended it).
     contested_at: float = float("inf")
+    # Queued requests (by id) whose context it holds: the pinned lane's turns.
+    waiters: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
     def num_blocks(self) -> int:
         return len(self.block_ids)
+
+    @functools.cached_property
+    def block_id_set(self) -> frozenset[int]:
+        return frozenset(self.block_ids)
 
     @property
     def ttl_s(self) -> float:
@@ -99,13 +106,34 @@ class Pin:
 
 
 class PinTable:
+    """Pins, indexed so that every operation costs O(log n) in the number of
+    pins, or O(what it returns), whatever the traffic:
+
+    - by request id, and per session;
+    - per session by the last hash of each pin's anchor and of its blocks, so
+      that finding the pins a prompt continues (or holds) looks up either the
+      prompt's hashes or the session's pins, whichever are fewer;
+    - distinct blocks with their reference counts, in all and per session;
+    - by deadline (expiry), and in release order (a heap walked lazily:
+      taking the first k pins in that order costs O(k log k)).
+    """
+
     def __init__(self) -> None:
         self._pins: dict[str, Pin] = {}  # request id -> pin
         self._by_session: dict[str, dict[str, Pin]] = {}  # oldest pin first
+        # session -> anchor's last hash (resp. blocks' last hash) -> pins
+        self._anchors: dict[str, dict[Hashable, list[Pin]]] = {}
+        self._tails: dict[str, dict[Hashable, list[Pin]]] = {}
         self._refs: Counter[int] = Counter()  # block id -> pins holding it
+        self._session_refs: dict[str, Counter[int]] = {}  # the same, per session
         # (expires_at, seq, request id): a lazy heap, so that the per-step
         # expiry check is O(1) when nothing is due. Stale entries are skipped.
         self._deadlines: list[tuple[float, int, str]] = []
+        # (order key, seq, request id), lazy heaps: release order (latest
+        # program first), oldest program first, and by contested TTL.
+        self._release: list[tuple[tuple[float, int], int, str]] = []
+        self._oldest: list[tuple[tuple[float, int], int, str]] = []
+        self._contested: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -135,10 +163,18 @@ class PinTable:
         return sum(1.0 / self._refs[b] for b in pin.block_ids)
 
     def count_with(self, add: Iterable[int], without: Sequence[Pin] = ()) -> int:
-        """Distinct pinned blocks if the pins `without` went and a pin of `add` came."""
-        going = Counter(b for p in without for b in set(p.block_ids))
-        staying = {b for b, n in self._refs.items() if n > going.get(b, 0)}
-        return len(staying | set(add))
+        """Distinct pinned blocks if the pins `without` went and a pin of `add`
+        came. O(their blocks)."""
+        return _count_with(self._refs, add, without)
+
+    def session_count_with(self, session: str, add: Iterable[int], without: Sequence[Pin] = ()) -> int:
+        """The same, for the pins of one session."""
+        return _count_with(self._session_refs.get(session, Counter()), add, without)
+
+    def session_holds(self, session: str, block_id: int, without: Sequence[Pin] = ()) -> bool:
+        """Whether a pin of `session` other than `without` holds the block."""
+        held = self._session_refs.get(session, {}).get(block_id, 0)
+        return held > sum(1 for p in without if block_id in p.block_id_set)
 
     # --- membership ---------------------------------------------------------
     def get(self, session_id: str | None) -> Pin | None:
@@ -150,6 +186,9 @@ class PinTable:
         pins = self._by_session.get(session_id) if session_id is not None else None
         return list(pins.values()) if pins else []
 
+    def has_session(self, session_id: str | None) -> bool:
+        return session_id in self._by_session
+
     def holds(self, pin: Pin) -> bool:
         return self._pins.get(pin.request_id) is pin
 
@@ -158,22 +197,37 @@ class PinTable:
         pin.seq = next(self._seq)
         self._pins[pin.request_id] = pin
         self._by_session.setdefault(pin.session_id, {})[pin.request_id] = pin
-        self._refs.update(set(pin.block_ids))
+        if pin.anchor is not None:
+            self._anchors.setdefault(pin.session_id, {}).setdefault(pin.anchor.last_hash, []).append(pin)
+        if pin.hashes:
+            self._tails.setdefault(pin.session_id, {}).setdefault(pin.hashes[-1], []).append(pin)
+        blocks = pin.block_id_set
+        self._refs.update(blocks)
+        self._session_refs.setdefault(pin.session_id, Counter()).update(blocks)
         heapq.heappush(self._deadlines, (pin.expires_at, pin.seq, pin.request_id))
+        heapq.heappush(self._release, ((-pin.session_arrival, -pin.seq), pin.seq, pin.request_id))
+        heapq.heappush(self._oldest, ((pin.session_arrival, pin.seq), pin.seq, pin.request_id))
+        if pin.contested_at != float("inf"):
+            heapq.heappush(self._contested, (pin.contested_at, pin.seq, pin.request_id))
 
     def remove(self, pin: Pin) -> bool:
         """Forget `pin`; False if it was not (or no longer) in the table."""
         if not self.holds(pin):
             return False
         del self._pins[pin.request_id]
-        session = self._by_session[pin.session_id]
-        del session[pin.request_id]
-        if not session:
-            del self._by_session[pin.session_id]
-        for b in set(pin.block_ids):
-            self._refs[b] -= 1
-            if self._refs[b] <= 0:
-                del self._refs[b]
+        session = pin.session_id
+        _discard(self._by_session, session, pin.request_id)
+        if pin.anchor is not None:
+            _discard_from_list(self._anchors, session, pin.anchor.last_hash, pin)
+        if pin.hashes:
+            _discard_from_list(self._tails, session, pin.hashes[-1], pin)
+        session_refs = self._session_refs[session]
+        for b in pin.block_id_set:
+            _decrement(self._refs, b)
+            _decrement(session_refs, b)
+        if not session_refs:
+            del self._session_refs[session]
+        self._compact()
         return True
 
     # --- which pin a request of the session continues --------------------------
@@ -181,20 +235,30 @@ class PinTable:
         """The pin of `session_id` whose context a prompt with these block
         hashes continues: the longest anchor reached, then the newest pin."""
         best = None
-        for pin in self.of_session(session_id):  # oldest first: ties go to the newest
-            if pin.anchor is not None and pin.anchor.continued_by(hashes):
-                if best is None or pin.anchor.num_blocks >= best.anchor.num_blocks:
-                    best = pin
+        for pin in self.all_continued_by(session_id, hashes):
+            if best is None or (pin.anchor.num_blocks, pin.seq) > (best.anchor.num_blocks, best.seq):
+                best = pin
         return best
 
     def all_continued_by(self, session_id: str | None, hashes: Sequence[Hashable]) -> list[Pin]:
-        """Every pin of `session_id` whose context these block hashes continue."""
-        return [p for p in self.of_session(session_id)
-                if p.anchor is not None and p.anchor.continued_by(hashes)]
+        """Every pin of `session_id` whose context these block hashes continue.
+        O(min(prompt blocks, the session's pins))."""
+        return self._matching(self._anchors, session_id, hashes,
+                              lambda p: p.anchor is not None and p.anchor.continued_by(hashes))
 
     def subsumed_by(self, session_id: str, hashes: Sequence[Hashable]) -> list[Pin]:
         """Pins of the session whose every block a context with these hashes holds."""
-        return [p for p in self.of_session(session_id) if p.subsumed_by(hashes)]
+        return self._matching(self._tails, session_id, hashes, lambda p: p.subsumed_by(hashes))
+
+    def _matching(self, index, session_id, hashes, test) -> list[Pin]:
+        by_hash = index.get(session_id) if session_id is not None else None
+        if not by_hash:
+            return []
+        if len(hashes) < len(self._by_session[session_id]):
+            found = [p for h in dict.fromkeys(hashes) for p in by_hash.get(h, ())]
+        else:
+            found = list(self._by_session[session_id].values())
+        return sorted((p for p in found if test(p)), key=lambda p: p.seq)
 
     # --- time -----------------------------------------------------------------
     def expired(self, now: float) -> list[Pin]:
@@ -203,12 +267,9 @@ class PinTable:
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, seq, request_id = heapq.heappop(heap)
-            pin = self._pins.get(request_id)
-            if pin is not None and pin.seq == seq:
+            pin = self._live(seq, request_id)
+            if pin is not None:
                 due.append(pin)
-        if len(heap) > 4 * len(self._pins) + 64:  # bound stale entries
-            heap[:] = [e for e in heap if (p := self._pins.get(e[2])) and p.seq == e[1]]
-            heapq.heapify(heap)
         return due
 
     def requeue(self, pin: Pin) -> None:
@@ -216,7 +277,70 @@ class PinTable:
         if self.holds(pin):
             heapq.heappush(self._deadlines, (pin.expires_at, pin.seq, pin.request_id))
 
-    def release_order(self) -> list[Pin]:
+    def release_order(self) -> Iterator[Pin]:
         """Pins in the order pressure releases them: latest-arriving program
-        first, and within a program its newest pin first."""
-        return sorted(self._pins.values(), key=lambda p: (p.session_arrival, p.seq), reverse=True)
+        first, and within a program its newest pin first. Lazy: the first k
+        cost O(k log k), however many pins there are."""
+        return self._walk(self._release)
+
+    def oldest_programs_first(self) -> Iterator[Pin]:
+        """Pins of the earliest-arriving program first (lazy, as release_order)."""
+        return self._walk(self._oldest)
+
+    def by_contested_ttl(self) -> Iterator[Pin]:
+        """Pins that have a contested TTL, the earliest first (lazy)."""
+        return self._walk(self._contested)
+
+    def _walk(self, heap: list) -> Iterator[Pin]:
+        """A heap's live entries in order without popping it: a frontier of
+        the nodes whose parents were read."""
+        frontier = [(heap[0], 0)] if heap else []
+        while frontier:
+            (_, seq, request_id), i = heapq.heappop(frontier)
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
+            pin = self._live(seq, request_id)
+            if pin is not None:
+                yield pin
+
+    def _live(self, seq: int, request_id: str) -> Pin | None:
+        pin = self._pins.get(request_id)
+        return pin if pin is not None and pin.seq == seq else None
+
+    def _compact(self) -> None:
+        """Drop stale heap entries once they outnumber the live ones."""
+        for heap in (self._deadlines, self._release, self._oldest, self._contested):
+            if len(heap) > 4 * len(self._pins) + 64:
+                heap[:] = [e for e in heap if self._live(e[1], e[2]) is not None]
+                heapq.heapify(heap)
+
+
+def _count_with(refs: Counter, add: Iterable[int], without: Sequence[Pin]) -> int:
+    going = Counter(b for p in without for b in p.block_id_set)
+    gone = {b for b, n in going.items() if n >= refs.get(b, 0)}
+    new = {b for b in add if b not in refs or b in gone}
+    return len(refs) - len(gone) + len(new)
+
+
+def _discard(index: dict, key, member) -> None:
+    inner = index[key]
+    del inner[member]
+    if not inner:
+        del index[key]
+
+
+def _discard_from_list(index: dict, session, key, pin: Pin) -> None:
+    by_hash = index[session]
+    pins = by_hash[key]
+    pins.remove(pin)
+    if not pins:
+        del by_hash[key]
+        if not by_hash:
+            del index[session]
+
+
+def _decrement(counter: Counter, key) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]

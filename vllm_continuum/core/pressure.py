@@ -28,7 +28,7 @@ not free enough, it takes none: nothing is released for nothing.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Literal, Protocol
 
 PressurePolicy = Literal["yield", "hold"]
@@ -63,7 +63,7 @@ def blocks_freed(
 
 
 def pins_to_release(
-    candidates: Sequence[HoldsBlocks],
+    candidates: Iterable[HoldsBlocks],
     needed: int | None,
     refs: Callable[[int], int],
     keep: Collection[int] = (),
@@ -72,9 +72,11 @@ def pins_to_release(
     blocks, then pruned of any whose release turns out unnecessary (most
     valuable first). [] if all of them together would not free enough.
     `needed=None` (unknown): every candidate, if together they free anything.
-    Linear in the blocks the candidates hold."""
+    Candidates are read lazily, only until they cover `needed`: linear in
+    the blocks of the candidates read."""
     if needed is None:
-        return list(candidates) if blocks_freed(candidates, refs, keep) > 0 else []
+        candidates = list(candidates)
+        return candidates if blocks_freed(candidates, refs, keep) > 0 else []
     if needed <= 0:
         return []
     held: Counter[int] = Counter()

@@ -12,8 +12,13 @@ stable within a step; these rules say where each request belongs in it:
   session before every session's (`sessionless_first`, what ships); by its
   own arrival only (`pinned_fcfs`). The program's arrival is program_order.py's:
   a program past its precedence queues by its turns' own arrival;
-- overdue: its extra wait lasted the waiting bound (waiting_bound.py), for a
-  request that has one (program_order.py): it goes first, and pins give way;
+- overdue: its extra wait lasted its bound (waiting_bound.py): the waiting
+  bound `max_queue_delay_s` of a request without a session (under program
+  admission; every request's under request admission), after which it goes
+  first and pins give way; or the turn bound `max_turn_delay_s` of a
+  session's turn, whose extra wait begins when a request of a later program
+  passes it or pins of later programs hold memory it needs, after which it
+  goes before every later program's request and their pins give way to it;
 - entitled: its demand is a pin's cost (`pin_cost: pressure`), and a pin past
   its contested TTL gives way to it: a preempted request, or a waiting one
   with the bound.
@@ -25,9 +30,10 @@ the queue's head and its pop.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
-from vllm_continuum.core.pin_table import PinTable
+from vllm_continuum.core.pin_table import Pin, PinTable
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.turn import Turn, TurnRequest
@@ -36,67 +42,98 @@ from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQu
 
 
 class QueueRules:
-    def __init__(self, *, queue_order: str, pins: PinTable, turns: dict[str, Turn], order: ProgramOrder,
-                 bound: WaitingBound, level: Callable[[TurnRequest], int], now: Callable[[], float],
-                 preempted_status: object, waiting_status: object) -> None:
+    def __init__(self, *, queue_order: str, turns: dict[str, Turn], pins: PinTable,
+                 order: ProgramOrder, bound: WaitingBound, turn_bound: WaitingBound,
+                 level: Callable[[TurnRequest], int], now: Callable[[], float],
+                 preempted_status: object) -> None:
         """`turns`: the controller's turns by request id (shared, not copied);
-        `level`: a request's priority level (0 for all without priority scheduling)."""
+        `bound`, `turn_bound`: the waiting bound (keyed by arrival) and the turn
+        bound (keyed by program arrival); `level`: a request's priority level
+        (0 for all without priority scheduling)."""
         self.queue_order = queue_order
-        self.pins, self.turns, self.order, self.bound = pins, turns, order, bound
+        self.turns, self.pins, self.order = turns, pins, order
+        self.bound, self.turn_bound = bound, turn_bound
         self.level, self.now = level, now
-        self._preempted, self._waiting = preempted_status, waiting_status
+        self._preempted = preempted_status
 
     def lane_queue(self, queue_cls: type[LaneQueue] = LaneQueue) -> LaneQueue:
-        """Program-level FCFS with a pinned lane and the waiting bound.
+        """Program-level FCFS with a pinned lane and the two bounds.
         `queue_cls`: LaneQueue or a subclass (the adapter's is also vLLM's
         RequestQueue)."""
         return queue_cls(
             lane_of=self.lane_of,
             key_of=self.queue_key,
-            session_of=lambda r: session_key(r.session_id),
-            enqueued_at=self.enqueued_at,
-            overdue=lambda r: r.status == self._waiting and self.overdue(r),
+            enqueued_at=self.arrival,
+            overdue=self.overdue,
             priority_of=self.level,
-            bounded=lambda r: self.order.bounded(session_key(r.session_id)),
+            bounded=self.bounded,
+            program_of=self.program_arrival,
         )
 
     def lane_of(self, request: TurnRequest) -> int:
         if request.status == self._preempted:
             return PREEMPTED
-        pinned = self.pins.continued_by(session_key(request.session_id), request.block_hashes)
-        return PINNED if pinned is not None else REGULAR
+        turn = self.turns.get(request.request_id)
+        pinned = turn is not None and turn.pin is not None and self.pins.holds(turn.pin)
+        return PINNED if pinned else REGULAR
+
+    def arrival(self, request: TurnRequest) -> float:
+        turn = self.turns.get(request.request_id)
+        return turn.arrival if turn is not None else self.now()
 
     def program_arrival(self, request: TurnRequest) -> float:
         """When the request's program arrived, as far as order goes (program_order.py)."""
         turn = self.turns.get(request.request_id)
-        first = turn.program_arrival if turn is not None else request.arrival_time
-        return self.order.program_arrival(first, request.arrival_time, self.now())
+        if turn is None:
+            return self.now()
+        return self.order.program_arrival(turn.program_arrival, turn.arrival, self.now())
 
     def queue_key(self, request: TurnRequest) -> tuple:
         """The last lane's order: by the program's first arrival, then the request's
         (`pinned_fcfs`: the request's only); `sessionless_first` puts requests
         without a session before every session's."""
-        order = self.queue_order
-        program = self.program_arrival(request) if order != "pinned_fcfs" else request.arrival_time
-        session_last = order == "sessionless_first" and session_key(request.session_id) is not None
-        return (session_last, program, request.arrival_time, request.request_id)
-
-    def enqueued_at(self, request: TurnRequest) -> float:
         turn = self.turns.get(request.request_id)
-        return turn.enqueued_at if turn is not None else self.now()
+        arrival, seq = (turn.arrival, turn.seq) if turn is not None else (self.now(), -1)
+        order = self.queue_order
+        program = self.program_arrival(request) if order != "pinned_fcfs" else arrival
+        session_last = order == "sessionless_first" and session_key(request.session_id) is not None
+        return (session_last, program, arrival, seq, request.request_id)
+
+    def bounded(self, request: TurnRequest) -> bool:
+        """Whether it has the waiting bound (else the turn bound): program_order.py."""
+        return self.order.bounded(session_key(request.session_id))
 
     def entitled(self, request: TurnRequest) -> bool:
         """Whether its demand is a pin's cost: it may take pinned memory (a
         preempted request always; under program admission a waiting one only if
         it has the waiting bound, program_order.py)."""
-        return request.status == self._preempted or self.order.bounded(session_key(request.session_id))
+        return request.status == self._preempted or self.bounded(request)
 
     def overdue(self, request: TurnRequest) -> bool:
-        """Its extra wait lasted the bound (if it has one, program_order.py): it
-        goes first, and pins give way to it."""
-        turn = self.turns.get(request.request_id)
-        return (
-            turn is not None
-            and self.order.bounded(turn.session)
-            and self.bound.overdue(turn.enqueued_at, self.level(request), self.now())
-        )
+        """Its extra wait lasted its bound: with the waiting bound, it goes first
+        and pins give way; with the turn bound, it goes before later programs'
+        requests and their pins give way (`turn_overdue`)."""
+        if self.bounded(request):
+            return self.bound.overdue(self.arrival(request), self.level(request), self.now())
+        return self.turn_overdue(request)
+
+    def turn_overdue(self, request: TurnRequest) -> bool:
+        return not self.bounded(request) and self.turn_bound.overdue(
+            self.program_arrival(request), self.level(request), self.now())
+
+    def went_ahead(self, request: TurnRequest) -> None:
+        """It was admitted: every waiting request it passed starts its extra wait."""
+        level, now = self.level(request), self.now()
+        self.bound.went_ahead(self.arrival(request), level, now)
+        self.turn_bound.went_ahead(self.program_arrival(request), level, now)
+
+    def held_by_later_pins(self, request: TurnRequest) -> None:
+        """Pins of programs that arrived after its own kept memory it needed:
+        it (and every turn of an earlier program) is passed now."""
+        key = math.nextafter(self.program_arrival(request), math.inf)
+        self.turn_bound.went_ahead(key, self.level(request), self.now())
+
+    def later_program(self, request: TurnRequest) -> Callable[[Pin], bool]:
+        """Whether a pin belongs to a program that arrived after the request's."""
+        program = self.program_arrival(request)
+        return lambda pin: pin.session_arrival > program

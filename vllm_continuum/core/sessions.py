@@ -45,10 +45,10 @@ def session_key(session_id: str | None) -> str | None:
 
 @dataclass
 class SessionState:
-    first_arrival: float  # the request's arrival_time: comparable across sessions
-    last_seen: float  # scheduler clock
+    first_arrival: float  # controller clock, as every time here
+    last_seen: float
     turns: int = 0
-    last_end: float | None = None  # scheduler clock, when the last turn ended
+    last_end: float | None = None  # when the last turn ended
     last_tool: str | None = None  # tool the last turn called, until measured
     last_anchor: Anchor | None = None  # the prefix the next turn continues
 
@@ -83,20 +83,18 @@ class SessionRegistry:
         state = self.get(session_id) if session_id is not None else None
         return state.first_arrival if state is not None else default
 
-    def observe_arrival(
-        self, session_id: str, arrival: float, now: float, hashes: Sequence[Hashable]
-    ) -> Arrival:
-        """Record a new request of the session, whose prompt has these block hashes."""
+    def observe_arrival(self, session_id: str, now: float, hashes: Sequence[Hashable]) -> Arrival:
+        """Record a new request of the session, arriving now, whose prompt has
+        these block hashes. O(1)."""
         state = self._touch(session_id, now)
         if state is None:
             if len(self) >= self.max_sessions:
                 (self._new if self._new else self._known).popitem(last=False)
-            state = self._new[session_id] = SessionState(arrival, now)
+            state = self._new[session_id] = SessionState(now, now)
             return Arrival(state, continues=False, first_turn=True)
         anchor = state.last_anchor
         if anchor is None or not anchor.continued_by(hashes):
             return Arrival(state, continues=False, first_turn=state.turns == 0)
-        state.first_arrival = min(state.first_arrival, arrival)
         measured = None
         if state.last_tool is not None and state.last_end is not None:
             measured = (state.last_tool, max(0.0, now - state.last_end))
@@ -139,13 +137,20 @@ class SessionRegistry:
     ) -> list[tuple[str, int]]:
         """Programs idle past the horizon count as finished: (session, turns).
         A `busy` session (one whose context is pinned: its tool is running) is
-        not idle, however long ago it was last seen."""
+        not idle: it counts as seen now. O(1) when nobody is idle, else
+        O(sessions that leave or are found busy): each table is in order of
+        last activity, and only its head is read."""
         ended = []
         for table in (self._new, self._known):
-            for session_id, state in list(table.items()):
+            while table:
+                session_id = next(iter(table))
+                state = table[session_id]
                 if now - state.last_seen < horizon_s:
                     break
-                if not busy(session_id):
+                if busy(session_id):
+                    state.last_seen = now
+                    table.move_to_end(session_id)
+                else:
                     del table[session_id]
                     ended.append((session_id, state.turns))
         return ended

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from vllm_continuum.core.hints import Hints
+from vllm_continuum.core.pin_table import Pin
 
 
 class TurnRequest(Protocol):
@@ -20,7 +21,6 @@ class TurnRequest(Protocol):
     num_prompt_tokens: int
     num_tokens: int
     num_output_tokens: int
-    arrival_time: float
     priority: int
     status: object  # compared with the statuses the controller is given
 
@@ -30,9 +30,12 @@ class Turn:
     """What the controller keeps about a request until it finishes."""
 
     hints: Hints
-    enqueued_at: float  # controller clock: orders arrivals for the waiting bound
-    program_arrival: float  # queue key: the program's first arrival if it continues it
+    # Times are the controller's clock, never vLLM's `arrival_time` (wall clock).
+    arrival: float  # when it reached the scheduler: orders requests, starts bounds
+    program_arrival: float  # its program's first arrival if it continues it, else `arrival`
+    seq: int = 0  # arrival order, for requests that arrive at the same time
     session: str | None = None
+    pin: Pin | None = None  # the pin whose context it continues (pinned lane), while held
     continues: bool = False  # its prompt continues its session's last turn
     first_turn: bool = False  # no turn of its session had ended before it
     resuming: tuple[bool, float] | None = None  # (found a pin, arrival) until admitted

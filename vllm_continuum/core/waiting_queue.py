@@ -1,23 +1,31 @@
-"""The waiting queue of program-level FCFS, in lanes, with a waiting bound.
+"""The waiting queue of program-level FCFS, in lanes, with two time bounds.
 
 Order, within one priority level (`--scheduling-policy priority` keeps
 vLLM's priority first: the lanes only order requests of equal priority):
 
 1. preempted requests, front to back as vLLM puts them back (as stock);
-2. the oldest waiting request that has a waiting bound (`bounded`: under
-   program admission, requests without a session), once it is overdue
-   (`waiting_bound.py`): from then on no request that arrived after it goes
-   first;
-3. turns that continue a pinned context: their prefill is nearly free and
+2. the first overdue request with the *turn bound* (a session's turn: the
+   earliest program's), before every request of a later program
+   (`program_of`; a request without a session is a program of its own), and
+   only those: a turn waits for the programs ahead of it, and only for them;
+3. the oldest overdue request with the *waiting bound* (`bounded`: under
+   program admission, requests without a session): from then on no request
+   that arrived after it goes first, but overdue turns of programs that
+   arrived before it;
+4. turns that continue a pinned context: their prefill is nearly free and
    admitting them lets the pin go (the paper's Algorithm 1);
-4. everything else by `key_of` (program-level FCFS: the program's first
+5. everything else by `key_of` (program-level FCFS: the program's first
    arrival, then the request's).
 
 vLLM stops admitting at the first request that does not fit, so whatever
 is first blocks everything behind it: that is why an overdue request must
 be first. Popping and re-adding a skipped request keeps its place (keys and
-enqueue times do not change). Of all waiting requests the oldest is always
-the first to be passed, so checking it alone finds any overdue one.
+enqueue times do not change). Each bound keeps its requests in a heap by
+the order in which they are passed (`waiting_bound.py`): the first of it is
+the first to be overdue, so checking it alone finds any overdue one. A
+parked request (grammar compiling, KV loading) may be that first one: vLLM
+skips it (pops it and puts it back after the step), and the next peek finds
+the next one.
 
 vLLM peeks at the head, works on that request (prefix lookup, connector
 query, allocation: time passes, its status may change), then pops, and
@@ -28,21 +36,23 @@ per scheduling step, so within a step the order does not drift either.)
 
 It speaks vLLM's `RequestQueue` protocol by duck typing and knows requests
 only through the functions it is given, so it is tested without vLLM.
-Removal is lazy (a heap entry is valid while its token is current), so
-every operation but `remove_requests` of many is O(log n).
+Removal is lazy (a heap entry is valid while its token is current): add,
+peek, pop, remove one and `requeue` are O(log n) amortized; reading the
+queue in order (`__iter__`, indexing) is O(n log n), and no step does it.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from copy import copy as shallow_copy
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 R = TypeVar("R")
 
 PREEMPTED, PINNED, REGULAR = 0, 1, 2
+WAITING_BOUND, TURN_BOUND = 0, 1  # which bound a non-preempted request has
 
 
 class LaneQueue(Generic[R]):
@@ -50,30 +60,32 @@ class LaneQueue(Generic[R]):
         self,
         lane_of: Callable[[R], int],
         key_of: Callable[[R], tuple],
-        session_of: Callable[[R], Hashable | None],
         *,
         enqueued_at: Callable[[R], float] = lambda r: 0.0,
         overdue: Callable[[R], bool] = lambda r: False,
         priority_of: Callable[[R], int] = lambda r: 0,
         bounded: Callable[[R], bool] = lambda r: True,
+        program_of: Callable[[R], float] = lambda r: 0.0,
     ) -> None:
-        """`bounded`: whether a request has the waiting bound (only those are
-        watched for being overdue: `overdue` is asked about the oldest of them)."""
+        """`bounded`: whether a request has the waiting bound (else it has the
+        turn bound); `program_of`: its program's place in arrival order (the
+        turn bound's order); `overdue`: whether its bound has passed (asked
+        only of the first of each bound to be overdue)."""
         self._lane_of = lane_of
         self._key_of = key_of
-        self._session_of = session_of
         self._enqueued_at = enqueued_at
         self._overdue = overdue
         self._priority_of = priority_of
         self._bounded = bounded
+        self._program_of = program_of
         self._tokens = itertools.count()
         self._ends = itertools.count(1)  # preempted lane: prepend < 0 < append
         self._members: dict[int, tuple[int, R, bool]] = {}  # id -> (token, request, aged?)
         self._aged = 0  # members in the aging heaps
         self._heap: list[tuple[tuple, int, R]] = []
-        # Per priority level: (enqueue time, token, request) of non-preempted requests.
-        self._aging: dict[int, list[tuple[float, int, R]]] = {}
-        self._waiting_sessions: Counter[Hashable] = Counter()
+        # Per (bound, priority level): (age key, token, request) of non-preempted
+        # requests; the first is the first to be overdue.
+        self._aging: dict[tuple[int, int], list[tuple[tuple, int, R]]] = {}
         self._peeked: R | None = None  # what the last peek returned, until a push or pop
 
     # --- vLLM RequestQueue protocol -------------------------------------
@@ -89,11 +101,11 @@ class LaneQueue(Generic[R]):
             self._insert(request, front=True)
 
     def peek_request(self) -> R:
-        self._peeked = self._head()[2]
+        self._peeked = self._head()
         return self._peeked
 
     def pop_request(self) -> R:
-        request = self._peeked if self._peeked is not None else self._head()[2]
+        request = self._peeked if self._peeked is not None else self._head()
         self._forget(request)
         self._compact()
         return request
@@ -105,7 +117,7 @@ class LaneQueue(Generic[R]):
         # vLLM also asks to remove requests that sit in its other queue:
         # only those actually found here are forgotten.
         for request in requests:
-            if id(request) in self._members:
+            if request in self:
                 self._forget(request)
         self._compact()
 
@@ -129,91 +141,94 @@ class LaneQueue(Generic[R]):
         return f"{type(self).__name__}({self._ordered()!r})"
 
     # --- what the scheduler asks besides ---------------------------------
-    def has_session_waiting(self, session: Hashable | None) -> bool:
-        return session is not None and self._waiting_sessions[session] > 0
-
-    def reclassify(self, session: Hashable) -> None:
-        """A pin of `session` appeared or went: move its waiting turns to their lane."""
-        if not self.has_session_waiting(session):
-            return
-        movers = [r for _, r, _ in self._members.values() if self._session_of(r) == session]
-        for request in movers:
+    def requeue(self, request: R) -> None:
+        """Its lane changed (a pin of its context appeared or went): put it
+        where it now belongs. O(log n); nothing if it is not queued."""
+        if request in self:
             self._forget(request)
             self._insert(request, front=False)
 
     def oldest_enqueued_at(self) -> float | None:
         """Enqueue time of the longest-waiting bounded request that is not preempted."""
-        oldest = [self._oldest(priority) for priority in self._aging]
-        times = [self._enqueued_at(r) for r in oldest if r is not None]
-        return min(times) if times else None
+        return self._least(WAITING_BOUND, self._enqueued_at)
+
+    def first_program_waiting(self) -> float | None:
+        """Program arrival of the earliest program with a turn waiting (turn bound)."""
+        return self._least(TURN_BOUND, self._program_of)
+
+    def _least(self, bound: int, value: Callable[[R], float]) -> float | None:
+        firsts = [self._first_aged(family) for family in list(self._aging) if family[0] == bound]
+        return min((value(r) for r in firsts if r is not None), default=None)
 
     # --- internals ---------------------------------------------------------
     def _ordered(self) -> list[R]:
-        """Every request, in the order pops would return them now. O(n log n)."""
-        live = sorted(e for e in self._heap if self._valid(e[1], e[2]))
-        overdue = self._overdue_head(live[0][0][0]) if live else None
-        if overdue is None or live[0][0][1] == PREEMPTED:
-            return [r for _, _, r in live]
-        return [overdue, *(r for _, _, r in live if r is not overdue)]
+        """Every request, in the order pops would return them now (a copy is
+        popped). O(n log n): for code that reads the queue, never per step."""
+        copy = shallow_copy(self)
+        copy._members, copy._heap = dict(self._members), list(self._heap)
+        copy._aging = {k: list(v) for k, v in self._aging.items()}
+        copy._peeked = None
+        return [copy.pop_request() for _ in range(len(self))]
 
     def _insert(self, request: R, front: bool) -> None:
         self._peeked = None
         token = next(self._tokens)
         lane = self._lane_of(request)
-        aged = lane != PREEMPTED and self._bounded(request)
-        self._members[id(request)] = (token, request, aged)
         priority = self._priority_of(request)
+        aged = lane != PREEMPTED
+        self._members[id(request)] = (token, request, aged)
         if lane == PREEMPTED:
             end = next(self._ends)
             key = (priority, PREEMPTED, (-end if front else end,))
         else:
             key = (priority, lane, self._key_of(request))
-            if aged:
-                aging = self._aging.setdefault(priority, [])
-                heapq.heappush(aging, (self._enqueued_at(request), token, request))
-                self._aged += 1
+            enqueued = self._enqueued_at(request)
+            if self._bounded(request):
+                bound, age_key = WAITING_BOUND, (enqueued,)
+            else:
+                bound, age_key = TURN_BOUND, (self._program_of(request), enqueued)
+            heapq.heappush(self._aging.setdefault((bound, priority), []), (age_key, token, request))
+            self._aged += 1
         heapq.heappush(self._heap, (key, token, request))
-        session = self._session_of(request)
-        if session is not None:
-            self._waiting_sessions[session] += 1
 
     def _forget(self, request: R) -> None:
         self._peeked = None
         self._aged -= self._members.pop(id(request))[2]
-        session = self._session_of(request)
-        if session is not None:
-            self._waiting_sessions[session] -= 1
-            if self._waiting_sessions[session] <= 0:
-                del self._waiting_sessions[session]
 
     def _valid(self, token: int, request: R) -> bool:
         member = self._members.get(id(request))
         return member is not None and member[0] == token
 
-    def _head(self) -> tuple[tuple, int, R]:
+    def _head(self) -> R:
+        """The heap's first, unless a request whose bound passed goes first:
+        the oldest overdue one with the waiting bound goes before everyone but
+        preempted requests, but an overdue turn of an earlier program; the
+        first overdue one with the turn bound before every request of a later
+        program (a request without a session's program is itself)."""
         heap = self._heap
         while heap and not self._valid(heap[0][1], heap[0][2]):
             heapq.heappop(heap)
         if not heap:
             raise IndexError("peek from an empty queue")
-        top = heap[0]
-        (priority, lane, _), _, _ = top
-        if lane != PREEMPTED:
-            overdue = self._overdue_head(priority)
-            if overdue is not None:
-                return (top[0], self._members[id(overdue)][0], overdue)
-        return top
+        (priority, lane, _), _, top = heap[0]
+        if lane == PREEMPTED:
+            return top
+        head = self._overdue_first((WAITING_BOUND, priority)) or top
+        turn = self._overdue_first((TURN_BOUND, priority))
+        if turn is not None and self._program_of(head) > self._program_of(turn):
+            return turn  # before any request of a later program
+        return head
 
-    def _oldest(self, priority: int) -> R | None:
-        aging = self._aging.get(priority)
+    def _first_aged(self, family: tuple[int, int]) -> R | None:
+        aging = self._aging.get(family)
         while aging and not self._valid(aging[0][1], aging[0][2]):
             heapq.heappop(aging)
         return aging[0][2] if aging else None
 
-    def _overdue_head(self, priority: int) -> R | None:
-        """The oldest request of this priority level, if it is overdue."""
-        oldest = self._oldest(priority)
-        return oldest if oldest is not None and self._overdue(oldest) else None
+    def _overdue_first(self, family: tuple[int, int]) -> R | None:
+        """The first request of this bound and priority level, if it is overdue."""
+        first = self._first_aged(family)
+        return first if first is not None and self._overdue(first) else None
 
     def _compact(self) -> None:
         """Drop stale entries once they outnumber the live ones."""
@@ -221,10 +236,10 @@ class LaneQueue(Generic[R]):
         if stale > len(self._members) + 64:
             self._heap = [e for e in self._heap if self._valid(e[1], e[2])]
             heapq.heapify(self._heap)
-            for priority, aging in list(self._aging.items()):
+            for family, aging in list(self._aging.items()):
                 kept = [e for e in aging if self._valid(e[1], e[2])]
                 if kept:
                     heapq.heapify(kept)
-                    self._aging[priority] = kept
+                    self._aging[family] = kept
                 else:
-                    del self._aging[priority]
+                    del self._aging[family]

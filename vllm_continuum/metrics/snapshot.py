@@ -177,7 +177,7 @@ def pin_rows(pins: Iterable, now: float, held) -> list[list]:
     so that the rows add up to distinct blocks."""
     share = getattr(pins, "share", lambda p: p.num_blocks)
     return [
-        [share(p), p.expires_at - now, p.expires_at - p.created_at, bool(held(p.session_id)),
+        [share(p), p.expires_at - now, p.expires_at - p.created_at, bool(held(p)),
          session_digest(p.session_id)]
         for p in pins
     ]

@@ -135,9 +135,9 @@ class ContinuumStats:
         pool_size: int,
         now: float,
         idle: bool,
-        held: Callable[[str], bool],
+        held: Callable[[Pin], bool],
     ) -> None:
-        """The scheduler's state after a step; `held(session)` tells whether a
+        """The scheduler's state after a step; `held(pin)` tells whether a
         pin is kept past its TTL for a queued turn. Called on every step:
         returns after two comparisons unless a snapshot is due."""
         self._published_idle = idle
