@@ -91,8 +91,8 @@ class PinController:
         pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None] = lambda counted: None,
         preempted_status: object = "preempted",
     ) -> None:
-        """`clock`: the one clock every rule reads (vLLM's `arrival_time`, a
-        wall-clock stamp, is never compared with it: a request arrives when the
+        """`clock`: the one clock every rule reads (vLLM's wall-clock stamp of a
+        request's arrival is never compared with it: a request arrives when the
         controller sees it); `on_lane_change(request)`: a queued request's lane
         changed (a pin of its context appeared or went); `preempted_status`: the
         request status (opaque here) of a preempted request."""

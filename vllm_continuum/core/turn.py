@@ -30,7 +30,7 @@ class Turn:
     """What the controller keeps about a request until it finishes."""
 
     hints: Hints
-    # Times are the controller's clock, never vLLM's `arrival_time` (wall clock).
+    # Times are the controller's clock, never vLLM's wall-clock arrival stamp.
     arrival: float  # when it reached the scheduler: orders requests, starts bounds
     program_arrival: float  # its program's first arrival if it continues it, else `arrival`
     seq: int = 0  # arrival order, for requests that arrive at the same time
