@@ -31,8 +31,10 @@ class Ledger:
         return list(request.blocks), 0
 
     def give_back(self, blocks, fence) -> None:
-        self.refs.subtract(blocks)
-        self.refs += Counter()  # drop zeros
+        for block in blocks:
+            self.refs[block] -= 1
+            if self.refs[block] <= 0:
+                del self.refs[block]
 
     def take_back(self, blocks) -> None:
         self.refs.update(blocks)

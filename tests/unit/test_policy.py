@@ -314,9 +314,9 @@ def test_session_registry_is_bounded_and_keeps_first_arrival():
     reg.observe_arrival("c", now=3, hashes=[])
     # Sessions that never finished a turn go first: "a" did, so "b" is forgotten.
     assert "a" in reg and "b" not in reg and len(reg) == 2
-    reg.observe_turn_end("c", now=4, tool=None, anchor=None)
-    reg.observe_arrival("d", now=5, hashes=[])  # both known: the least recent goes
-    assert "a" not in reg and {"c", "d"} <= set(reg._new) | set(reg._known)
+    reg.observe_turn_end("c", now=4, tool="t", anchor=None)
+    reg.observe_arrival("d", now=5, hashes=[])  # both paused: the least recent goes
+    assert "a" not in reg and "c" in reg and "d" in reg
 
 
 def test_a_flood_of_fresh_ids_cannot_push_a_working_session_out():
@@ -328,6 +328,21 @@ def test_a_flood_of_fresh_ids_cannot_push_a_working_session_out():
     agent = reg.observe_arrival("agent", now=4.0, hashes=["h1", "h2"])
     assert agent.continues and agent.measured == ("search", 2.0) and len(reg) == 4
     assert reg.first_arrival("agent", default=0) == 1.0
+
+
+def test_a_flood_of_cheap_finished_turns_cannot_push_a_paused_agent_out():
+    """One-token session turns that finish (no tool call) are forgotten before
+    an agent whose last turn called a tool: it keeps its place and its
+    measured duration when it comes back, however long the flood."""
+    reg = SessionRegistry(max_sessions=4)
+    reg.observe_arrival("agent", now=1.0, hashes=["h1"])
+    reg.observe_turn_end("agent", now=2.0, tool="run_tests", anchor=Anchor(1, "h1"))
+    for i in range(1000):
+        reg.observe_arrival(f"cheap-{i}", now=3.0, hashes=[f"c{i}"])
+        reg.observe_turn_end(f"cheap-{i}", now=3.0, tool=None, anchor=Anchor(1, f"c{i}"))
+    agent = reg.observe_arrival("agent", now=40.0, hashes=["h1", "h2"])
+    assert agent.continues and agent.measured == ("run_tests", 38.0) and len(reg) == 4
+    assert reg.first_arrival("agent", default=-1) == 1.0
 
 
 def test_tool_duration_is_next_arrival_minus_turn_end():

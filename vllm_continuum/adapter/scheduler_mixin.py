@@ -60,6 +60,7 @@ class ContinuumSchedulerMixin:
         *args,
         continuum_config: ContinuumConfig | None = None,
         continuum_clock: Callable[[], float] | None = None,
+        continuum_wall_clock: Callable[[], float] | None = None,
         continuum_ttl_policy=make_ttl_policy,
         continuum_stats: ContinuumStats | None = None,
         **kwargs,
@@ -67,7 +68,8 @@ class ContinuumSchedulerMixin:
         """vLLM passes its own arguments; the `continuum_*` ones are for
         callers that build a scheduler themselves (the simulator): the config
         (else read from `--additional-config`, see `vllm_continuum.config`),
-        the clock, a TTL policy factory `(config, workload) -> TTLPolicy`, and
+        the clock (monotonic), the clock requests' `arrival_time` is stamped
+        with (vLLM's: `time.time`; a simulator's: its own clock), a TTL policy factory `(config, workload) -> TTLPolicy`, and
         the stats (else exported to the plugin's metrics directory, if any)."""
         check_vllm_version()
         super().__init__(*args, **kwargs)
@@ -78,6 +80,7 @@ class ContinuumSchedulerMixin:
         self._ledger = VllmBlockLedger(self)
         pinning = bool(self.cache_config.enable_prefix_caching)
         self._stats = continuum_stats if continuum_stats is not None else ContinuumStats()
+        self._wall_clock = continuum_wall_clock or continuum_clock or time.time
         self.continuum = PinController(
             cfg,
             self._ledger,
@@ -128,7 +131,8 @@ class ContinuumSchedulerMixin:
         c.releaser.release_expired(grace_until=c.step + 1)
         if request.request_id not in self.requests:
             params = request.sampling_params
-            c.on_arrival(request, getattr(params, "extra_args", None) if params is not None else None)
+            c.on_arrival(request, getattr(params, "extra_args", None) if params is not None else None,
+                         arrived=self._arrived(request))
             try:
                 self._affinity.on_arrival(
                     session_key(request.session_id), request.request_id,
@@ -239,6 +243,12 @@ class ContinuumSchedulerMixin:
             pins=c.pins, pool_size=self._ledger.pool_size, now=c.clock(),
             idle=not self.has_requests(), held=c.releaser.held,
         )
+
+    def _arrived(self, request: Request) -> float:
+        """vLLM's wall-clock `arrival_time`, once, on the controller's clock: now
+        less the time the request took to get here (never negative)."""
+        c = self.continuum
+        return c.now() - max(0.0, self._wall_clock() - request.arrival_time)
 
     def _first_waiting(self) -> tuple[float | None, float | None]:
         """(arrival of the oldest request with the waiting bound, program arrival

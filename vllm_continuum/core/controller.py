@@ -92,8 +92,7 @@ class PinController:
         preempted_status: object = "preempted",
     ) -> None:
         """`clock`: the one clock every rule reads (vLLM's wall-clock stamp of a
-        request's arrival is never compared with it: a request arrives when the
-        controller sees it); `on_lane_change(request)`: a queued request's lane
+        request's arrival is converted to it once, by the adapter); `on_lane_change(request)`: a queued request's lane
         changed (a pin of its context appeared or went); `preempted_status`: the
         request status (opaque here) of a preempted request."""
         self.config = config
@@ -172,28 +171,31 @@ class PinController:
         self._step_time = None
 
     # --------------------------------------------------------- arrival side
-    def on_arrival(self, request: TurnRequest, extra_args: Mapping[str, object] | None) -> None:
+    def on_arrival(self, request: TurnRequest, extra_args: Mapping[str, object] | None,
+                   arrived: float | None = None) -> None:
         """A new request: read its hints, and whether it continues its session.
-        It arrives now, on the controller's clock."""
+        `arrived`: when it arrived, on the controller's clock (the adapter
+        converts vLLM's wall-clock stamp once); never later than now."""
         self._end_idle_programs()
         hints = parse_hints(extra_args, self.config.max_hint_tool_name_length)
         if hints.invalid:
             self._count_invalid_hints(request.request_id, hints, extra_args)
         now = self.now()
+        arrival = now if arrived is None else min(arrived, now)
         self._seq = next(self._arrivals)
-        turn = Turn(hints, arrival=now, program_arrival=now, seq=self._seq)
+        turn = Turn(hints, arrival=arrival, program_arrival=arrival, seq=self._seq)
         self.turns[request.request_id] = turn
         session = turn.session = session_key(request.session_id)
         if session is None:
             return
         self._queued.setdefault(session, {})[request.request_id] = request
-        arrival = self.sessions.observe_arrival(session, now, request.block_hashes)
-        turn.continues, turn.first_turn = arrival.continues, arrival.first_turn
-        measured = arrival.measured
+        seen = self.sessions.observe_arrival(session, now, request.block_hashes, arrival)
+        turn.continues, turn.first_turn = seen.continues, seen.first_turn
+        measured = seen.measured
         pin = self.pins.continued_by(session, request.block_hashes)
         # The session table is bounded and forgets idle programs; a live pin
         # is the truth about its program whatever the table says.
-        if pin is not None and not arrival.continues:
+        if pin is not None and not seen.continues:
             self.sessions.adopt(session, pin.session_arrival, pin.anchor)
             turn.continues, turn.first_turn = True, False
             measured = (pin.tool, max(0.0, now - pin.created_at))
@@ -204,7 +206,7 @@ class PinController:
             self.workload.durations.add(tool, seconds)
             self.stats.on_tool_duration(tool, seconds)
         if turn.continues:
-            turn.program_arrival = self.sessions.first_arrival(session, now)
+            turn.program_arrival = self.sessions.first_arrival(session, arrival)
             turn.resuming = (pin is not None, now)
         if pin is not None:
             self._attach(request, turn, pin)

@@ -11,7 +11,10 @@ is judged by outcome, not by admission delay.
 
 The rules (`admission: program`), read by the controller:
 
-- Requests of a session have no time bound. A new program's first turn waits
+- Requests of a session have the turn bound `max_turn_delay_s` against
+  later programs only (queue_rules.py): held back by later programs'
+  requests or pins for that long, a turn goes before them and takes their
+  pins; earlier programs it waits for. A new program's first turn waits
   in program arrival order (program-level FCFS; vLLM admits in queue order
   and stops at the first request that does not fit, so no later program's
   first turn passes it) until the pool has room beside the admitted
@@ -29,12 +32,15 @@ The rules (`admission: program`), read by the controller:
 
 So a new program waits for the programs ahead of it, each with finitely many
 turns and holding its place while idle for at most `max_ttl_s` per pause, or
-at most `program_precedence_s` each (docs/guarantees.md).
+at most `program_precedence_s` each; and for later programs at most
+`max_turn_delay_s` (docs/guarantees.md). Every time here is the
+controller's clock: a program's first arrival is when the scheduler saw it.
 
 Tried and dropped: letting an earlier program's request take a later
-program's pinned memory (pins holding only against later programs). It
-evicts contexts that are about to be reused, and measured 20-25% worse mean
-JCT under overload in the simulator (docs/benchmarks.md, issue 19).
+program's pinned memory at once (pins holding only against later
+programs). It evicts contexts that are about to be reused, and measured
+20-25% worse mean JCT under overload in the simulator (docs/benchmarks.md);
+the turn bound lets it happen only after `max_turn_delay_s`.
 
 `admission: request` is the rule before issue 19: every request has the
 waiting bound, and its demand counts against every pin.

@@ -15,8 +15,10 @@ place in the queue nor records a tool duration.
 
 The bound is a segmented LRU: sessions that never finished a turn (a flood
 of fresh ids, each aborted at once, costs its sender nothing) are forgotten
-before any session that did, least recently active first in each segment.
-So such a flood cannot push a working agent out of the table. What the
+first, then sessions whose last turn answered (a flood of cheap one-token
+turns), and last the paused agents, whose last turn called a tool, least
+recently active first in each segment. So neither flood can push an agent
+that waits for its tool out of the table; only more paused agents can. What the
 table still forgets, a live pin remembers (the controller asks the pins
 first: `PinController.on_arrival`).
 """
@@ -67,30 +69,36 @@ class SessionRegistry:
     def __init__(self, max_sessions: int) -> None:
         self.max_sessions = max_sessions
         # Oldest activity first in each: sessions without a finished turn, and with one.
+        # Oldest activity first in each; forgotten in this order of tables:
+        # never finished a turn, last turn answered, last turn called a tool
+        # (a paused agent, whose next turn is due).
         self._new: OrderedDict[str, SessionState] = OrderedDict()
         self._known: OrderedDict[str, SessionState] = OrderedDict()
+        self._paused: OrderedDict[str, SessionState] = OrderedDict()
+        self._tables = (self._new, self._known, self._paused)
 
     def __len__(self) -> int:
-        return len(self._new) + len(self._known)
+        return sum(map(len, self._tables))
 
     def __contains__(self, session_id: object) -> bool:
-        return session_id in self._new or session_id in self._known
+        return any(session_id in table for table in self._tables)
 
     def get(self, session_id: str) -> SessionState | None:
-        return self._new.get(session_id) or self._known.get(session_id)
+        return self._table_of(session_id).get(session_id)
 
     def first_arrival(self, session_id: str | None, default: float) -> float:
         state = self.get(session_id) if session_id is not None else None
         return state.first_arrival if state is not None else default
 
-    def observe_arrival(self, session_id: str, now: float, hashes: Sequence[Hashable]) -> Arrival:
-        """Record a new request of the session, arriving now, whose prompt has
-        these block hashes. O(1)."""
+    def observe_arrival(self, session_id: str, now: float, hashes: Sequence[Hashable],
+                        arrival: float | None = None) -> Arrival:
+        """Record a new request of the session, seen now (it arrived at
+        `arrival`, default now), whose prompt has these block hashes. O(1)."""
         state = self._touch(session_id, now)
         if state is None:
             if len(self) >= self.max_sessions:
-                (self._new if self._new else self._known).popitem(last=False)
-            state = self._new[session_id] = SessionState(now, now)
+                next(table for table in self._tables if table).popitem(last=False)
+            state = self._new[session_id] = SessionState(now if arrival is None else arrival, now)
             return Arrival(state, continues=False, first_turn=True)
         anchor = state.last_anchor
         if anchor is None or not anchor.continued_by(hashes):
@@ -106,8 +114,8 @@ class SessionRegistry:
     ) -> None:
         state = self._touch(session_id, now)
         if state is not None:
-            if session_id in self._new:  # it did real work: out of the flood's reach
-                self._known[session_id] = self._new.pop(session_id)
+            # It did real work: out of a flood's reach; paused agents last of all.
+            self._move(session_id, self._paused if tool is not None else self._known)
             state.turns += 1
             state.last_end = now
             state.last_tool = tool
@@ -124,12 +132,11 @@ class SessionRegistry:
         state.first_arrival = min(state.first_arrival, first_arrival)
         state.last_anchor, state.last_tool = anchor, None
         state.turns = max(state.turns, 1)
-        if session_id in self._new:
-            self._known[session_id] = self._new.pop(session_id)
+        self._move(session_id, self._paused)
 
     def end_program(self, session_id: str) -> int:
         """Forget a finished program; return its number of turns (0 if unknown)."""
-        state = self._new.pop(session_id, None) or self._known.pop(session_id, None)
+        state = self._table_of(session_id).pop(session_id, None)
         return state.turns if state is not None else 0
 
     def pop_idle(
@@ -141,7 +148,7 @@ class SessionRegistry:
         O(sessions that leave or are found busy): each table is in order of
         last activity, and only its head is read."""
         ended = []
-        for table in (self._new, self._known):
+        for table in self._tables:
             while table:
                 session_id = next(iter(table))
                 state = table[session_id]
@@ -156,10 +163,18 @@ class SessionRegistry:
         return ended
 
     def _touch(self, session_id: str, now: float) -> SessionState | None:
-        for table in (self._new, self._known):
+        for table in self._tables:
             state = table.get(session_id)
             if state is not None:
                 state.last_seen = now
                 table.move_to_end(session_id)
                 return state
         return None
+
+    def _table_of(self, session_id: str) -> OrderedDict[str, SessionState]:
+        return next((table for table in self._tables if session_id in table), self._new)
+
+    def _move(self, session_id: str, to: OrderedDict[str, SessionState]) -> None:
+        table = self._table_of(session_id)
+        if table is not to and session_id in table:
+            to[session_id] = table.pop(session_id)

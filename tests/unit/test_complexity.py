@@ -1,0 +1,92 @@
+"""The core's cost per event does not grow with what the event does not
+touch (docs/design.md, "What each event costs"). Counted in operations, not
+timed: the scale benchmark (`vllm-continuum scale-bench`) times them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tests.unit.test_controller import Ledger, Req, controller, run
+from vllm_continuum.core.pin_table import Anchor
+from vllm_continuum.core.sessions import SessionRegistry
+from vllm_continuum.core.waiting_queue import LaneQueue
+
+
+def counting(monkeypatch, cls, name: str, calls: Counter):
+    original = getattr(cls, name)
+
+    def counted(*args, **kwargs):
+        calls[name] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(cls, name, counted)
+
+
+def test_one_session_with_thousands_of_queued_turns_costs_linear(monkeypatch):
+    """N tool-hinted requests of one session queued at once, then each
+    finishes and pins: every pin event touches O(1) queued turns (it used to
+    re-sort them all, each scanning the session's pins: O(N^3))."""
+    n = 2000
+    c, ledger, clock = controller(pool_size=10 * n, ttl_policy="fixed", default_ttl_s=30.0)
+    queue = c.queue.lane_queue()
+    c._on_lane_change = queue.requeue
+    calls: Counter = Counter()
+    counting(monkeypatch, Anchor, "continued_by", calls)
+    counting(monkeypatch, LaneQueue, "_insert", calls)
+    requests = [Req(f"r{i}", "S", [3 * i, 3 * i + 1, 3 * i + 2]) for i in range(n)]
+    for r in requests:
+        c.on_arrival(r, {"continuum_tool": "t"})
+        queue.add_request(r)
+    while queue:
+        r = queue.pop_request()
+        ledger.take_back(r.blocks)
+        c.after_step([(r, 0)])
+        assert c.on_finished(r, aborted=False, tool_called=lambda: "t")
+    assert len(c.pins) == n
+    assert calls["_insert"] <= 2 * n and calls["continued_by"] <= 10 * n, calls
+
+
+def test_an_arrival_reads_the_session_table_from_its_head():
+    """100k sessions: an arrival reads O(1) of the table when nobody is idle
+    (it used to copy the whole table on every arrival)."""
+    reg = SessionRegistry(max_sessions=200_000)
+    for i in range(100_000):
+        reg.observe_arrival(f"s{i}", now=float(i) / 1000, hashes=[])
+    reads = Counter()
+
+    def busy(session):
+        reads["busy"] += 1
+        return False
+
+    for t in range(1000):
+        reg.observe_arrival(f"new{t}", now=100.0, hashes=[])
+        assert reg.pop_idle(now=100.0, horizon_s=600.0, busy=busy) == []
+    assert reads["busy"] == 0
+    ended = reg.pop_idle(now=600.5, horizon_s=600.0, busy=busy)
+    assert len(ended) == 501 and reads["busy"] == 501  # exactly the idle ones
+
+
+def test_a_failed_allocation_reads_only_the_pins_it_releases(monkeypatch):
+    """50k pins: covering a 2-block shortfall reads a handful of pins in
+    release order (it used to sort them all)."""
+    n = 50_000
+    c, ledger, clock = controller(pool_size=4 * n, pressure_policy="yield")
+    for i in range(n):
+        clock.now = float(i)
+        run(c, ledger, Req(f"a{i}", f"S{i}", [2 * i, 2 * i + 1]))
+    read = Counter()
+    original = c.releaser._releasable
+
+    def releasable(pins):
+        for pin in original(pins):
+            read["pins"] += 1
+            yield pin
+
+    monkeypatch.setattr(c.releaser, "_releasable", releasable)
+    newcomer = Req("n", None, [10 * n])
+    c.on_arrival(newcomer, None)
+    result = c.releaser.retry_with_pins_released(
+        newcomer, lambda: "blocks", shortfall=2, keep=frozenset(), running=False,
+        preempted=False, waiting=True, anything_running=True)
+    assert result == "blocks" and len(c.pins) == n - 1  # the latest program's pin went
+    assert read["pins"] <= 2, read
