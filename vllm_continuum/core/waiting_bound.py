@@ -25,6 +25,12 @@ enqueue time gone ahead so far (a monotone staircase of (time, enqueue time)
 marks), and a request was first passed at the first mark whose enqueue time
 is later than its own (a binary search). So the oldest waiting request is
 always the first to be overdue: the queue need only check it.
+
+The turn bound (`max_turn_delay_s`) is the same structure keyed by program
+arrival instead of enqueue time: a session's turn is passed when a request
+of a later program is admitted, or pins of later programs hold memory it
+needs (queue_rules.py), and the earliest program's turn is the first to be
+overdue.
 """
 
 from __future__ import annotations
