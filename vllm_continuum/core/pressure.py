@@ -12,7 +12,7 @@ of the waiting requests:
   while other work runs, since running work will free blocks soon and the
   pinned session's return saves a full prefill. Only the deadlock guard
   releases them: nothing runs, and the head of the queue cannot be admitted.
-  Under memory pressure this measured better than yield (docs/benchmarks.md):
+  Under memory pressure this measured better than yield (docs/results/benchmarks-archive.md):
   yield gives the pins up nearly always, so they buy nothing.
 - yield: always. Pins never delay admission; they only use memory nobody
   else wants.

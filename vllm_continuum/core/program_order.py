@@ -6,7 +6,7 @@ contexts of programs paused in tool calls, and every resumed turn prefills
 its whole history again (thrashing). Keeping the admitted programs' contexts
 (running, or pinned while their tool runs) and letting a new program in only
 when they leave room, a program waits longer to be admitted but finishes
-sooner, and so does everyone else (docs/benchmarks.md, issue 19). Fairness
+sooner, and so does everyone else (docs/results/benchmarks-archive.md, issue 19). Fairness
 is judged by outcome, not by admission delay.
 
 The rules (`admission: program`), read by the controller:
@@ -39,7 +39,7 @@ controller's clock: a program's first arrival is when the scheduler saw it.
 Tried and dropped: letting an earlier program's request take a later
 program's pinned memory at once (pins holding only against later
 programs). It evicts contexts that are about to be reused, and measured
-20-25% worse mean JCT under overload in the simulator (docs/benchmarks.md);
+20-25% worse mean JCT under overload in the simulator (docs/results/benchmarks-archive.md);
 the turn bound lets it happen only after `max_turn_delay_s`.
 
 `admission: request` is the rule before issue 19: every request has the

@@ -5,12 +5,12 @@ published result keeps its meaning after the defaults change."""
 from __future__ import annotations
 
 # The learned TTL, with the pin cost from issue 12 until it became `demand`
-# (docs/benchmarks.md, "Charged on demand"): `default-pressure`, and every label
+# (docs/results/benchmarks-archive.md, "Charged on demand"): `default-pressure`, and every label
 # that ran the learned TTL before.
 PRESSURE = {"ttl_policy": "continuum", "pin_cost": "pressure"}
 # The learned TTL charged on demand, from then until `forever` shipped
-# (docs/benchmarks.md, "Pinned until the next turn"): `default-demand`.
+# (docs/results/benchmarks-archive.md, "Pinned until the next turn"): `default-demand`.
 DEMAND = {"ttl_policy": "continuum", "pin_cost": "demand"}
-# The pin caps from the start until they opened to 0.95 / 1.0 (docs/benchmarks.md,
+# The pin caps from the start until they opened to 0.95 / 1.0 (docs/results/benchmarks-archive.md,
 # "Opening the caps"): `default-capped`, and every simulator label that ran before.
 CAPPED = {"max_pinned_fraction": 0.5, "max_session_pinned_fraction": 0.25}

@@ -2,7 +2,7 @@
 for the same batch.
 
 `predict` found the simulator fast, and faster the more a flavour
-re-prefills (docs/benchmarks.md, "Mixed steps, preemptions, and every step
+re-prefills (docs/results/benchmarks-archive.md, "Mixed steps, preemptions, and every step
 the server ran"). Either the live engine's steps take longer than the cost
 model says for what they hold, or it runs other steps (other batches) than
 the simulator. A step log tells them apart. With `compare --step-log`, each

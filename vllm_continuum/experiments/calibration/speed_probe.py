@@ -4,7 +4,7 @@ around each live replay.
 A cost model is calibrated once; the shared machine's speed then drifts with
 other people's jobs, by as much as 20% in a few hours (as large as the error
 `predict` had to explain), and a checkout may run on another machine: one
-ran twice as fast as the morning's calibration (docs/benchmarks.md, "The
+ran twice as fast as the morning's calibration (docs/results/benchmarks-archive.md, "The
 speed probe, a machine twice as fast"). So `compare` runs a few of calibrate's
 probes (probes.py) on the freshly started server right before each replay,
 and again right after it: a cold prefill, a prefill on a cached prefix (a

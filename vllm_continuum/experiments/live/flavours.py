@@ -39,12 +39,12 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     # What shipped from then until `forever` did: the learned TTL charged on demand.
     "default-demand": Flavour("default-demand", "continuum", DEMAND),
     # The shipped TTL policy in the paper's queue order: what `sessionless_first`
-    # costs the agents and buys the one-shot requests, live (docs/benchmarks.md).
+    # costs the agents and buys the one-shot requests, live (docs/results/benchmarks-archive.md).
     "continuum-program-fcfs": Flavour(
         "continuum-program-fcfs", "continuum", {"ttl_policy": "continuum", "queue_order": "program_fcfs"}),
 }
 
-# The CPU benchmark's defaults (docs/benchmarks.md explains the choice).
+# The CPU benchmark's defaults (docs/results/benchmarks-archive.md explains the choice).
 DEFAULT_WORKLOAD = "cpu-agent"
 DEFAULT_LAYERS = 2
 DEFAULT_NUM_BLOCKS = 160  # x 32 tokens: a 5,120-token pool
@@ -68,7 +68,7 @@ def model_threads(cpus: int | None = None) -> int:
     memory queue (shm_broadcast.py: `sched_yield` for a second after each read),
     so it keeps a core busy while the model runs. A worker with a thread on
     every core loses one of them to it mid-step, and its steps ran 1.4-1.5x
-    what the same server measured when idle (docs/benchmarks.md, "One core for
+    what the same server measured when idle (docs/results/benchmarks-archive.md, "One core for
     the engine core"). On a GPU server the model runs on the GPU and the
     engine core has a CPU to itself; leaving it a core is this benchmark's
     nearest equivalent, and makes calibrate's probes time what a replay runs."""

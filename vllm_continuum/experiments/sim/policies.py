@@ -49,7 +49,7 @@ PAPER = {"QUEUE_ORDER": "program_fcfs", "PIN_COST": "always", "DURATION_ESTIMATO
          "ADMISSION": "request", **CAPPED}
 
 # The candidates of issue 12: Eq. 2 with one setting changed each, and the
-# combinations the measurements led to (docs/benchmarks.md, "Issue 12").
+# combinations the measurements led to (docs/results/benchmarks-archive.md, "Issue 12").
 CANDIDATES: dict[str, dict[str, str]] = {
     "continuum-shrunk": {"TTL_POLICY": "continuum", **PAPER, "DURATION_ESTIMATOR": "shrunk"},
     "continuum-pressure": {"TTL_POLICY": "continuum", **PAPER, "PIN_COST": "pressure"},
@@ -78,7 +78,7 @@ RELAXED: dict[str, dict[str, str]] = {
                                    "TTL_POLICY": "forever", **OPEN_CAPS},
     # Program admission with the caps opened and the one-shot bound kept (the
     # variant above drops it): measured as candidates, `default-open-caps`
-    # shipped from then (docs/benchmarks.md, "Opening the caps") until the pin
+    # shipped from then (docs/results/benchmarks-archive.md, "Opening the caps") until the pin
     # cost became `demand`; `default-pressure` is the same, named for that change.
     # `default-demand` shipped from then until `forever-program-open-caps` did.
     "default-open-caps": {**OPEN_CAPS, **PRESSURE},
