@@ -250,6 +250,20 @@ def scheduler_machine(
             self.call_delay = call_delay
             self.step(3)
 
+        @rule(kind=st.sampled_from(["one session", "many ids", "sessionless"]),
+              count=st.integers(10, 60))
+        def flood(self, kind, count):
+            """Hostile traffic: one session's many queued tool-hinted turns, one
+            client's many session ids, or a burst without a session; every
+            invariant above is still checked after each step."""
+            seen["floods"] += 1
+            for i in range(count):
+                session = {"one session": "a", "many ids": f"flood-{self.next_token % 7}-{i}",
+                           "sessionless": None}[kind]
+                hints = {"continuum_tool": "search"} if kind == "one session" else {}
+                self.new_request(session, False, 16 + i % 32, 1 + i % 3, "tool", hints)
+            self.step(2)
+
         @rule(pick=st.integers(0, 1000), queued_turn=st.booleans())
         def abort(self, pick, queued_turn):
             """A client gives up: any live request, or a queued turn of a session."""
@@ -472,7 +486,7 @@ def test_scheduler_state_machine(
     machine.TestCase.settings = settings.get_profile(PROFILE)
     machine.TestCase().runTest()
     print(*key, dict(seen))
-    required = ["pins", "release:expired", "release:aborted", "release:reset",
+    required = ["pins", "release:expired", "release:aborted", "release:reset", "floods",
                 "programs ended", "preemptions", "order checks", "slow vLLM calls"]
     if connector and async_scheduling:  # vLLM deferred frees, and pins were taken young
         required += ["steps with deferred frees", "young pins"]
