@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -30,6 +31,13 @@ def live_servers(tiny_model_dir, tmp_path_factory):
     settings = {**DEMO_SETTINGS, "log_level": "DEBUG"}
     servers = {f: flavour_server(f, tiny_model_dir, log_dir, settings=settings)
                for f in ("stock", "continuum")}
+    with serving(servers):
+        yield servers
+
+
+@contextlib.contextmanager
+def serving(servers: dict):
+    """Start the servers side by side, wait until all are ready, stop them after."""
     try:
         for server in servers.values():
             server.start()

@@ -32,6 +32,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tests.conftest import serving
 from tests.engine.test_client_sessions_live import pinned, sessions_counted
 from vllm_continuum.demos.pause_scenario import churn, filler_text
 from vllm_continuum.tools.local_server import flavour_server
@@ -73,15 +74,8 @@ def real_servers(tiny_model_dir, tmp_path_factory):
             settings={"max_ttl_s": 300, "log_level": "DEBUG"} if flavour == "continuum" else None,
             extra_args=[*hook, *(plugin if flavour == "continuum" else ()),
                         "--max-model-len", str((NUM_BLOCKS - 1) * BLOCK)])
-    try:
-        for server in servers.values():
-            server.start()
-        for server in servers.values():
-            server.wait_ready()
+    with serving(servers):
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 def gate(server) -> Path:
@@ -128,6 +122,30 @@ def check(flavour, server, source, session, first, resumed):
         assert resumed["cached"] < full_blocks, (first, resumed)
 
 
+def run_client(server, flavour, source, *, seed, command, cwd, env):
+    """Run a client until its tool-call turn is held at the gate; check the pin
+    (continuum), cycle the pool, let its next turn through, then check that the
+    next turn found the first turn's full blocks cached (continuum) or not (stock)."""
+    gate(server).touch()
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(Path(f"{gate(server)}.waiting"), process)
+        session = json.loads(Path(server.env["FORCE_TOOL_CALL_LOG"]).read_text()
+                             .splitlines()[-1])["session"]
+        if flavour == "continuum":
+            assert pinned(server.base_url, session) is not None, "the tool-call turn was not pinned"
+        cycle_pool(server.base_url, seed=seed)
+    finally:
+        gate(server).unlink()
+        Path(f"{gate(server)}.waiting").unlink(missing_ok=True)
+        output = process.communicate(timeout=300)[0]
+    assert process.returncode == 0, output
+    rows = usage_rows(server, session)
+    first, resumed = rows[0], next(r for r in rows if r["later"])
+    check(flavour, server, source, session, first, resumed)
+
+
 @pytest.mark.skipif(not CODEX.exists(), reason="Codex CLI not installed (scripts/setup.sh)")
 @pytest.mark.parametrize("flavour", ["continuum", "stock"])
 def test_codex_exec(real_servers, flavour, tmp_path):
@@ -139,27 +157,10 @@ def test_codex_exec(real_servers, flavour, tmp_path):
         'model = "tiny"\nmodel_provider = "local"\ncheck_for_update_on_startup = false\n\n'
         f'[model_providers.local]\nname = "local"\nbase_url = "{server.base_url}/v1"\n'
         'wire_api = "responses"\nenv_key = "LOCAL_API_KEY"\n\n[analytics]\nenabled = false\n')
-    gate(server).touch()
-    process = subprocess.Popen(
-        [str(CODEX), "exec", "--skip-git-repo-check", "--sandbox", "read-only", TASK],
-        cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env={"PATH": os.environ["PATH"], "HOME": str(home),
-                        "CODEX_HOME": str(codex_home), "LOCAL_API_KEY": "dummy"})
-    try:
-        wait_for(Path(f"{gate(server)}.waiting"), process)
-        session = json.loads(Path(server.env["FORCE_TOOL_CALL_LOG"]).read_text()
-                             .splitlines()[-1])["session"]
-        if flavour == "continuum":
-            assert pinned(server.base_url, session) is not None, "the tool-call turn was not pinned"
-        cycle_pool(server.base_url, seed=3)
-    finally:
-        gate(server).unlink()
-        Path(f"{gate(server)}.waiting").unlink(missing_ok=True)
-        output = process.communicate(timeout=300)[0]
-    assert process.returncode == 0, output
-    rows = usage_rows(server, session)
-    first, resumed = rows[0], next(r for r in rows if r["later"])
-    check(flavour, server, "header:session-id", session, first, resumed)
+    run_client(server, flavour, "header:session-id", seed=3, cwd=work,
+               command=[str(CODEX), "exec", "--skip-git-repo-check", "--sandbox", "read-only", TASK],
+               env={"PATH": os.environ["PATH"], "HOME": str(home),
+                    "CODEX_HOME": str(codex_home), "LOCAL_API_KEY": "dummy"})
 
 
 @pytest.mark.skipif(not CLAUDE.exists(), reason="Claude Code not installed (scripts/setup.sh)")
@@ -171,26 +172,8 @@ def test_claude_code_print_mode(real_servers, flavour, tmp_path):
            "ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "dummy",
            "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-    gate(server).touch()
-    process = subprocess.Popen(
-        [str(CLAUDE), "-p", TASK, "--model", "tiny", "--permission-mode", "default"],
-        cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(Path(f"{gate(server)}.waiting"), process)
-        session = json.loads(Path(server.env["FORCE_TOOL_CALL_LOG"]).read_text()
-                             .splitlines()[-1])["session"]
-        if flavour == "continuum":
-            assert pinned(server.base_url, session) is not None, "the tool-call turn was not pinned"
-        cycle_pool(server.base_url, seed=4)
-    finally:
-        gate(server).unlink()
-        Path(f"{gate(server)}.waiting").unlink(missing_ok=True)
-        output = process.communicate(timeout=300)[0]
-    assert process.returncode == 0, output
-    rows = usage_rows(server, session)
-    first, resumed = rows[0], next(r for r in rows if r["later"])
-    check(flavour, server, "header:x-claude-code-session-id", session, first, resumed)
+    run_client(server, flavour, "header:x-claude-code-session-id", seed=4, cwd=work, env=env,
+               command=[str(CLAUDE), "-p", TASK, "--model", "tiny", "--permission-mode", "default"])
 
 
 @pytest.mark.skipif(not LITELLM_PYTHON.exists(), reason="LiteLLM not installed (scripts/setup.sh)")
