@@ -218,7 +218,10 @@ def scheduler_machine(
                 # (Blocks behind vLLM's deferred-free fence come back at the next
                 # processed step, on stock vLLM too: then the head may wait.)
                 nothing_runs = not self.s.running and not self.s.deferred_frees
-                overdue = {r.request_id for r in self.s.waiting if r.status == RequestStatus.WAITING and self.s.continuum.queue.overdue(r)}
+                waiting = [r for r in self.s.waiting if r.status == RequestStatus.WAITING]
+                overdue = {r.request_id for r in waiting if self.s.continuum.queue.overdue(r)}
+                aged = {r.request_id for r in waiting if self.s.continuum.queue.aged(r)}
+                seen["steps with an aged turn"] += bool(aged)
                 seen["steps with an overdue request"] += bool(overdue)
                 seen["steps with an overdue turn"] += any(
                     self.s.continuum.queue.turn_overdue(self.s.requests[r]) for r in overdue)
@@ -229,6 +232,7 @@ def scheduler_machine(
                 self._check_admitted_hold_blocks(out)
                 self._check_expiry(began)
                 self._check_order(out, overdue)
+                self._check_aging(out, aged, overdue)
                 self.clock.advance(STEP_S)
                 if head is not None and nothing_runs:
                     admitted = {n.req_id for n in out.scheduled_new_reqs} | set(
@@ -412,6 +416,22 @@ def scheduler_machine(
                             f"(session {waiting.session_id}, waiting bound {bounded}, {since}) by "
                             f"{admitted.request_id} (session {admitted.session_id})")
                     seen["order checks"] += 1
+
+        def _check_aging(self, out, aged: set[str], overdue: set[str]):
+            """An aged turn is passed by no request without a session that
+            arrived after its aging began, but overdue ones."""
+            queue = self.s.continuum.queue
+            for admitted in (self.s.requests[n.req_id] for n in out.scheduled_new_reqs):
+                if admitted.request_id in overdue or admitted.request_id not in queue.turns:
+                    continue
+                if not queue.bounded(admitted) or admitted.num_preemptions:
+                    continue
+                for request_id in aged:
+                    turn = self.s.requests[request_id]
+                    if (turn.status == RequestStatus.WAITING and turn.priority == admitted.priority
+                            and queue.arrival(admitted) > queue.aging_from(turn)):
+                        raise AssertionError(f"{admitted.request_id} passed aged turn {request_id}")
+                    seen["aging checks"] += 1
 
         def _feed(self, out):
             """The model's output for `out`: processed now, or (with a connector

@@ -124,7 +124,7 @@ def test_the_next_turn_gets_the_pinned_lane_and_takes_the_pin_over_on_admission(
     assert c.queue.queue_key(nxt)[1] == 0.0  # the program's first arrival
     assert c.queue.queue_key(stranger)[1] == 1.0  # its own: it inherits nothing
     ledger.take_back([1, 2, 3, 4])  # vLLM allocates the turn, hitting the pinned blocks
-    c.after_step([(nxt, 12)], oldest_waiting=None)
+    c.after_step([(nxt, 12)])
     assert not c.pins and c.stats.releases_by_reason == {"resumed": 1}
     assert ledger.refs[1] == 1  # the turn's own reference: nothing became evictable
 
@@ -167,7 +167,7 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
     c.on_arrival(nxt, None)
     assert c.queue.lane_of(nxt) == PINNED and c.queue.queue_key(nxt)[1] == 1.0  # the program's place
     assert c.workload.durations.of("search").sorted == [3.0]  # turn end 1 s, arrival 4 s
-    c.after_step([(nxt, 12)], oldest_waiting=None)
+    c.after_step([(nxt, 12)])
     assert c.stats.releases_by_reason == {"resumed": 1}
 
 
@@ -269,7 +269,7 @@ def test_under_program_admission_only_one_shots_have_the_waiting_bound(admission
     clock.now = 2.0
     later = Req("l", None, [20])
     c.on_arrival(later, None)
-    c.after_step([(later, 0)], oldest_waiting=1.0)  # a later arrival went ahead of both
+    c.after_step([(later, 0)], (1.0, 1.0, 1.0))  # a later arrival went ahead of both
     clock.now = 4.0
     assert c.queue.overdue(one_shot)
     assert c.queue.overdue(program) is (admission == "request")

@@ -157,7 +157,7 @@ class ContinuumSchedulerMixin:
                     (self.requests[new.req_id], new.num_computed_tokens)
                     for new in output.scheduled_new_reqs if new.req_id in self.requests
                 ]
-                c.after_step(admitted, *self._first_waiting())
+                c.after_step(admitted, self._first_waiting())
         finally:
             c.end_step()
             self._in_schedule = False
@@ -250,16 +250,16 @@ class ContinuumSchedulerMixin:
         c = self.continuum
         return c.now() - max(0.0, self._wall_clock() - request.arrival_time)
 
-    def _first_waiting(self) -> tuple[float | None, float | None]:
-        """(arrival of the oldest request with the waiting bound, program arrival
-        of the earliest turn with the turn bound) still waiting: the bounds
-        forget what nobody waiting can be passed by. vLLM's own queue
-        (`queue_order: fcfs`) is not indexed: its marks are kept while anyone
-        waits (few: one per step that pins held the head back)."""
+    def _first_waiting(self) -> tuple[float | None, ...]:
+        """Where the first request waiting under each bound stands
+        (`LaneQueue.firsts`): the bounds forget what nobody waiting can be
+        passed by. vLLM's own queue (`queue_order: fcfs`) is not indexed: its
+        marks are kept while anyone waits (few: one per step that pins held
+        the head back)."""
         if isinstance(self.waiting, LaneQueue):
-            return self.waiting.oldest_enqueued_at(), self.waiting.first_program_waiting()
+            return self.waiting.firsts()
         keep_all = -math.inf if self.waiting else None
-        return keep_all, keep_all
+        return keep_all, keep_all, keep_all
 
     def _lane_changed(self, request: Request) -> None:
         if self._in_schedule:

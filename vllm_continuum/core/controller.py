@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,7 +43,6 @@ from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.sessions import SessionRegistry, session_key
 from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, make_ttl_policy
 from vllm_continuum.core.turn import Turn, TurnRequest
-from vllm_continuum.core.waiting_bound import WaitingBound
 from vllm_continuum.core.workload import WorkloadModel
 
 if TYPE_CHECKING:
@@ -112,8 +111,6 @@ class PinController:
         self.pinning = pinning and not isinstance(policy, NeverTTLPolicy)
         self.pins = PinTable()
         self.sessions = SessionRegistry(config.max_tracked_sessions)
-        self.bound = WaitingBound(config.max_queue_delay_s)
-        self.turn_bound = WaitingBound(config.max_turn_delay_s)
         self.order = ProgramOrder(config.admission, config.program_precedence_s)
         self.turns: dict[str, Turn] = {}
         # Requests of each session not admitted yet, in arrival order.
@@ -129,8 +126,10 @@ class PinController:
         self._warned_hints: set[str] = set()
         # Where each waiting request goes in the queue, and who is overdue or entitled.
         self.queue = QueueRules(queue_order=config.queue_order, turns=self.turns, pins=self.pins,
-                                order=self.order, bound=self.bound, turn_bound=self.turn_bound,
-                                level=self.level, now=self.now, preempted_status=preempted_status)
+                                order=self.order, max_queue_delay_s=config.max_queue_delay_s,
+                                max_turn_delay_s=config.max_turn_delay_s, level=self.level,
+                                now=self.now, preempted_status=preempted_status,
+                                requeue=on_lane_change)
         self.releaser = PinReleaser(self.pins, ledger, stats, self.queue,
                                     pressure_policy=config.pressure_policy, step=lambda: self.step,
                                     on_gone=self._pin_gone)
@@ -155,16 +154,13 @@ class PinController:
         self.releaser.release_expired(grace_until=self.step)
 
     def after_step(self, admitted: Iterable[tuple[TurnRequest, int]],
-                   oldest_waiting: float | None = None, first_program_waiting: float | None = None) -> None:
+                   firsts: Sequence[float | None] = (None, None, None)) -> None:
         """`admitted`: (request, cached tokens) of each request the step admitted;
-        `oldest_waiting`: when the oldest request with the waiting bound still
-        waiting arrived; `first_program_waiting`: the earliest program arrival of
-        a turn still waiting (turn bound)."""
+        `firsts`: the first still waiting under each bound (waiting_queue.py
+        `firsts`): the bounds forget what nobody waiting can be passed by."""
         for request, num_cached_tokens in admitted:
             self._on_admitted(request, num_cached_tokens)
-        now = self.now()
-        self.bound.prune(oldest_waiting if oldest_waiting is not None else now)
-        self.turn_bound.prune(first_program_waiting if first_program_waiting is not None else now)
+        self.queue.prune(firsts)
 
     def end_step(self) -> None:
         """The step is over: rules read the clock again."""

@@ -156,14 +156,20 @@ class PinReleaser:
                 yield pin
 
     def _held(self, request: TurnRequest, waiting: bool, shortfall: int | None, keep) -> None:
-        """Pins could make room but are kept: everyone waiting waits (the waiting
-        bound); a turn held by pins of later programs starts its turn bound."""
+        """Pins could make room but are kept. A turn held by pins of later
+        programs starts its turn bound; an aged turn held by earlier programs'
+        pins waits for them as it would anyway (its aging restarts, and the
+        requests behind it are not counted as held). Otherwise everyone
+        waiting waits for pins (the waiting bound)."""
         queue = self.queue
-        queue.bound.held_by_pins(queue.level(request), queue.now())
         if waiting and not queue.bounded(request):
             later = takewhile(queue.later_program(request), self.pins.release_order())
             if pins_to_release(self._releasable(later), shortfall, self.ledger.ref_count, keep=keep):
                 queue.held_by_later_pins(request)
+            elif queue.aged(request):
+                queue.waits_for_earlier_programs(request)
+                return
+        queue.bound.held_by_pins(queue.level(request), queue.now())
 
     def _release_and_retry(self, request: TurnRequest, victims: list[Pin], retry: Callable[[], T | None]) -> T | None:
         for pin in victims:

@@ -16,9 +16,18 @@ stable within a step; these rules say where each request belongs in it:
   bound `max_queue_delay_s` of a request without a session (under program
   admission; every request's under request admission), after which it goes
   first and pins give way; or the turn bound `max_turn_delay_s` of a
-  session's turn, whose extra wait begins when a request of a later program
-  passes it or pins of later programs hold memory it needs, after which it
-  goes before every later program's request and their pins give way to it;
+  session's turn, whose extra wait begins when pins of later programs hold
+  memory it needs (or a later program's turn is admitted from the regular
+  lane, as when a program lost its precedence), after which it goes before
+  every later program's request and their pins give way to it. Later
+  programs' turns that continue their own pinned context (the pinned lane)
+  do not start it: letting them through is the paper's Algorithm 1, and
+  their pins are what the bound watches;
+- aged: a session's turn has been passed by requests without a session that
+  arrived after it (`sessionless_first` puts them first) for
+  `max_turn_delay_s`: it goes before those that arrived after it and are not
+  overdue themselves. A turn that reaches the head this way and waits for
+  earlier programs' pins waits as it would without them: its aging restarts;
 - entitled: its demand is a pin's cost (`pin_cost: pressure`), and a pin past
   its contested TTL gives way to it: a preempted request, or a waiting one
   with the bound.
@@ -31,7 +40,7 @@ the queue's head and its pop.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from vllm_continuum.core.pin_table import Pin, PinTable
 from vllm_continuum.core.program_order import ProgramOrder
@@ -43,18 +52,21 @@ from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQu
 
 class QueueRules:
     def __init__(self, *, queue_order: str, turns: dict[str, Turn], pins: PinTable,
-                 order: ProgramOrder, bound: WaitingBound, turn_bound: WaitingBound,
+                 order: ProgramOrder, max_queue_delay_s: float, max_turn_delay_s: float,
                  level: Callable[[TurnRequest], int], now: Callable[[], float],
-                 preempted_status: object) -> None:
+                 preempted_status: object, requeue: Callable[[TurnRequest], None]) -> None:
         """`turns`: the controller's turns by request id (shared, not copied);
-        `bound`, `turn_bound`: the waiting bound (keyed by arrival) and the turn
-        bound (keyed by program arrival); `level`: a request's priority level
-        (0 for all without priority scheduling)."""
+        `level`: a request's priority level (0 for all without priority
+        scheduling); `requeue`: a queued request's place changed (applied once
+        the step is over)."""
         self.queue_order = queue_order
         self.turns, self.pins, self.order = turns, pins, order
-        self.bound, self.turn_bound = bound, turn_bound
+        self.bound = WaitingBound(max_queue_delay_s)  # keyed by arrival
+        self.turn_bound = WaitingBound(max_turn_delay_s)  # keyed by program arrival
+        self.aging = WaitingBound(max_turn_delay_s)  # keyed by where a turn's aging counts from
         self.level, self.now = level, now
         self._preempted = preempted_status
+        self._requeue = requeue
 
     def lane_queue(self, queue_cls: type[LaneQueue] = LaneQueue) -> LaneQueue:
         """Program-level FCFS with a pinned lane and the two bounds.
@@ -68,6 +80,8 @@ class QueueRules:
             priority_of=self.level,
             bounded=self.bounded,
             program_of=self.program_arrival,
+            aging_from=self.aging_from,
+            aged=self.aged,
         )
 
     def lane_of(self, request: TurnRequest) -> int:
@@ -80,6 +94,12 @@ class QueueRules:
     def arrival(self, request: TurnRequest) -> float:
         turn = self.turns.get(request.request_id)
         return turn.arrival if turn is not None else self.now()
+
+    def aging_from(self, request: TurnRequest) -> float:
+        turn = self.turns.get(request.request_id)
+        if turn is None:
+            return self.now()
+        return turn.aging_from if turn.aging_from is not None else turn.arrival
 
     def program_arrival(self, request: TurnRequest) -> float:
         """When the request's program arrived, as far as order goes (program_order.py)."""
@@ -121,17 +141,45 @@ class QueueRules:
         return not self.bounded(request) and self.turn_bound.overdue(
             self.program_arrival(request), self.level(request), self.now())
 
+    def aged(self, request: TurnRequest) -> bool:
+        """Later requests without a session have gone ahead of this turn for its bound."""
+        return not self.bounded(request) and self.aging.overdue(
+            self.aging_from(request), self.level(request), self.now())
+
     def went_ahead(self, request: TurnRequest) -> None:
-        """It was admitted: every waiting request it passed starts its extra wait."""
-        level, now = self.level(request), self.now()
-        self.bound.went_ahead(self.arrival(request), level, now)
-        self.turn_bound.went_ahead(self.program_arrival(request), level, now)
+        """It was admitted: every waiting request it passed starts its extra wait
+        (a turn that continued its pinned context starts no turn's)."""
+        level, now, arrival = self.level(request), self.now(), self.arrival(request)
+        self.bound.went_ahead(arrival, level, now)
+        if self.bounded(request):
+            self.aging.went_ahead(arrival, level, now)
+        elif not self._continued_its_pin(request):
+            self.turn_bound.went_ahead(self.program_arrival(request), level, now)
+
+    def _continued_its_pin(self, request: TurnRequest) -> bool:
+        turn = self.turns.get(request.request_id)
+        return turn is not None and turn.resuming is not None and turn.resuming[0]
+
+    def waits_for_earlier_programs(self, request: TurnRequest) -> None:
+        """An aged turn at the head waits for earlier programs' pins: that wait is
+        not the sessionless requests', so its aging restarts."""
+        turn = self.turns.get(request.request_id)
+        if turn is not None:
+            turn.aging_from = self.now()
+            self._requeue(request)
 
     def held_by_later_pins(self, request: TurnRequest) -> None:
         """Pins of programs that arrived after its own kept memory it needed:
         it (and every turn of an earlier program) is passed now."""
         key = math.nextafter(self.program_arrival(request), math.inf)
         self.turn_bound.went_ahead(key, self.level(request), self.now())
+
+    def prune(self, firsts: Sequence[float | None]) -> None:
+        """`firsts`: per bound (waiting, turn, aging), where the first request
+        still waiting under it stands (None: nobody waits under it)."""
+        now = self.now()
+        for bound, first in zip((self.bound, self.turn_bound, self.aging), firsts):
+            bound.prune(first if first is not None else now)
 
     def later_program(self, request: TurnRequest) -> Callable[[Pin], bool]:
         """Whether a pin belongs to a program that arrived after the request's."""

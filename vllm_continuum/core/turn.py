@@ -39,3 +39,4 @@ class Turn:
     continues: bool = False  # its prompt continues its session's last turn
     first_turn: bool = False  # no turn of its session had ended before it
     resuming: tuple[bool, float] | None = None  # (found a pin, arrival) until admitted
+    aging_from: float | None = None  # its aging restarted then (queue_rules.py); None: `arrival`

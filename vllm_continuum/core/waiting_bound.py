@@ -27,10 +27,12 @@ is later than its own (a binary search). So the oldest waiting request is
 always the first to be overdue: the queue need only check it.
 
 The turn bound (`max_turn_delay_s`) is the same structure keyed by program
-arrival instead of enqueue time: a session's turn is passed when a request
-of a later program is admitted, or pins of later programs hold memory it
-needs (queue_rules.py), and the earliest program's turn is the first to be
-overdue.
+arrival instead of enqueue time: a session's turn is passed when pins of
+later programs hold memory it needs, or a later program's turn is admitted
+from the regular lane (queue_rules.py), and the earliest program's turn is
+the first to be overdue. A turn's aging is the same structure again, keyed
+by where its aging counts from, and fed only by admissions of requests
+without a session.
 """
 
 from __future__ import annotations

@@ -12,16 +12,19 @@ vLLM's priority first: the lanes only order requests of equal priority):
    program admission, requests without a session): from then on no request
    that arrived after it goes first, but overdue turns of programs that
    arrived before it;
-4. turns that continue a pinned context: their prefill is nearly free and
+4. the oldest *aged* turn (`aged`: later requests without a session have
+   gone ahead of it for its bound), before requests without a session that
+   arrived after it (`aging_from`) and are not overdue themselves;
+5. turns that continue a pinned context: their prefill is nearly free and
    admitting them lets the pin go (the paper's Algorithm 1);
-5. everything else by `key_of` (program-level FCFS: the program's first
+6. everything else by `key_of` (program-level FCFS: the program's first
    arrival, then the request's).
 
 vLLM stops admitting at the first request that does not fit, so whatever
 is first blocks everything behind it: that is why an overdue request must
 be first. Popping and re-adding a skipped request keeps its place (keys and
-enqueue times do not change). Each bound keeps its requests in a heap by
-the order in which they are passed (`waiting_bound.py`): the first of it is
+enqueue times do not change). Each bound (and the aging of turns) keeps its
+requests in a heap by the order in which they are passed (`waiting_bound.py`): the first of it is
 the first to be overdue, so checking it alone finds any overdue one. A
 parked request (grammar compiling, KV loading) may be that first one: vLLM
 skips it (pops it and puts it back after the step), and the next peek finds
@@ -52,7 +55,9 @@ from typing import Generic, TypeVar
 R = TypeVar("R")
 
 PREEMPTED, PINNED, REGULAR = 0, 1, 2
-WAITING_BOUND, TURN_BOUND = 0, 1  # which bound a non-preempted request has
+# The bounds a non-preempted request has: the waiting bound (without a
+# session), or the turn bound and aging (a session's turn).
+WAITING_BOUND, TURN_BOUND, AGING = 0, 1, 2
 
 
 class LaneQueue(Generic[R]):
@@ -66,11 +71,15 @@ class LaneQueue(Generic[R]):
         priority_of: Callable[[R], int] = lambda r: 0,
         bounded: Callable[[R], bool] = lambda r: True,
         program_of: Callable[[R], float] = lambda r: 0.0,
+        aging_from: Callable[[R] , float] | None = None,
+        aged: Callable[[R], bool] = lambda r: False,
     ) -> None:
         """`bounded`: whether a request has the waiting bound (else it has the
-        turn bound); `program_of`: its program's place in arrival order (the
-        turn bound's order); `overdue`: whether its bound has passed (asked
-        only of the first of each bound to be overdue)."""
+        turn bound and aging); `program_of`: its program's place in arrival
+        order (the turn bound's order); `aging_from`: where a turn's aging
+        counts from (default: its enqueue time); `overdue`, `aged`: whether its
+        bound, or its aging, has passed (asked only of the first of each to be
+        overdue)."""
         self._lane_of = lane_of
         self._key_of = key_of
         self._enqueued_at = enqueued_at
@@ -78,9 +87,11 @@ class LaneQueue(Generic[R]):
         self._priority_of = priority_of
         self._bounded = bounded
         self._program_of = program_of
+        self._aging_from = aging_from or enqueued_at
+        self._aged_out = aged
         self._tokens = itertools.count()
         self._ends = itertools.count(1)  # preempted lane: prepend < 0 < append
-        self._members: dict[int, tuple[int, R, bool]] = {}  # id -> (token, request, aged?)
+        self._members: dict[int, tuple[int, R, int]] = {}  # id -> (token, request, aging entries)
         self._aged = 0  # members in the aging heaps
         self._heap: list[tuple[tuple, int, R]] = []
         # Per (bound, priority level): (age key, token, request) of non-preempted
@@ -148,13 +159,17 @@ class LaneQueue(Generic[R]):
             self._forget(request)
             self._insert(request, front=False)
 
-    def oldest_enqueued_at(self) -> float | None:
-        """Enqueue time of the longest-waiting bounded request that is not preempted."""
-        return self._least(WAITING_BOUND, self._enqueued_at)
+    def firsts(self) -> tuple[float | None, float | None, float | None]:
+        """Where the first request waiting under each bound stands: the enqueue
+        time of the longest-waiting request with the waiting bound, the program
+        arrival of the earliest program with a turn waiting (turn bound), where
+        the aging of the longest-aging turn counts from (None: nobody)."""
+        return (self._least(WAITING_BOUND, self._enqueued_at),
+                self._least(TURN_BOUND, self._program_of),
+                self._least(AGING, self._aging_from))
 
-    def first_program_waiting(self) -> float | None:
-        """Program arrival of the earliest program with a turn waiting (turn bound)."""
-        return self._least(TURN_BOUND, self._program_of)
+    def oldest_enqueued_at(self) -> float | None:
+        return self.firsts()[0]
 
     def _least(self, bound: int, value: Callable[[R], float]) -> float | None:
         firsts = [self._first_aged(family) for family in list(self._aging) if family[0] == bound]
@@ -175,20 +190,21 @@ class LaneQueue(Generic[R]):
         token = next(self._tokens)
         lane = self._lane_of(request)
         priority = self._priority_of(request)
-        aged = lane != PREEMPTED
-        self._members[id(request)] = (token, request, aged)
         if lane == PREEMPTED:
             end = next(self._ends)
-            key = (priority, PREEMPTED, (-end if front else end,))
+            key, ages = (priority, PREEMPTED, (-end if front else end,)), []
         else:
             key = (priority, lane, self._key_of(request))
             enqueued = self._enqueued_at(request)
             if self._bounded(request):
-                bound, age_key = WAITING_BOUND, (enqueued,)
+                ages = [(WAITING_BOUND, (enqueued,))]
             else:
-                bound, age_key = TURN_BOUND, (self._program_of(request), enqueued)
+                ages = [(TURN_BOUND, (self._program_of(request), enqueued)),
+                        (AGING, (self._aging_from(request), enqueued))]
+        for bound, age_key in ages:
             heapq.heappush(self._aging.setdefault((bound, priority), []), (age_key, token, request))
-            self._aged += 1
+        self._members[id(request)] = (token, request, len(ages))
+        self._aged += len(ages)
         heapq.heappush(self._heap, (key, token, request))
 
     def _forget(self, request: R) -> None:
@@ -204,7 +220,8 @@ class LaneQueue(Generic[R]):
         the oldest overdue one with the waiting bound goes before everyone but
         preempted requests, but an overdue turn of an earlier program; the
         first overdue one with the turn bound before every request of a later
-        program (a request without a session's program is itself)."""
+        program (a request without a session's program is itself); the oldest
+        aged turn before later requests without a session."""
         heap = self._heap
         while heap and not self._valid(heap[0][1], heap[0][2]):
             heapq.heappop(heap)
@@ -213,10 +230,16 @@ class LaneQueue(Generic[R]):
         (priority, lane, _), _, top = heap[0]
         if lane == PREEMPTED:
             return top
-        head = self._overdue_first((WAITING_BOUND, priority)) or top
+        overdue = self._overdue_first((WAITING_BOUND, priority))
+        head = overdue or top
         turn = self._overdue_first((TURN_BOUND, priority))
         if turn is not None and self._program_of(head) > self._program_of(turn):
             return turn  # before any request of a later program
+        if overdue is None and self._bounded(head):
+            aged = self._first_aged((AGING, priority))
+            if (aged is not None and self._aging_from(aged) < self._enqueued_at(head)
+                    and self._aged_out(aged)):
+                return aged  # before later requests without a session
         return head
 
     def _first_aged(self, family: tuple[int, int]) -> R | None:
