@@ -7,6 +7,8 @@ around the controller is spelled out in each test.
 
 from __future__ import annotations
 
+import math
+
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -351,3 +353,87 @@ def test_core_imports_no_vllm_and_no_io_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# No queue here: the bounds keep every mark (nothing is pruned).
+KEEP_MARKS = (-math.inf, -math.inf, -math.inf)
+
+
+def test_a_turn_ages_against_one_shots_that_arrived_after_it_only():
+    """Under sessionless_first one-shots go before session turns. A turn ages
+    from the first admission of a one-shot that arrived after it; one-shots
+    start no turn bound (they are not programs ahead of it in any order)."""
+    c, ledger, clock = controller(pressure_policy="hold", max_turn_delay_s=5.0)
+    early = Req("o0", None, [7])
+    c.on_arrival(early, None)
+    clock.now = 1.0
+    turn = Req("a1", "A", [1, 2])
+    c.on_arrival(turn, None)
+    c.after_step([(early, 0)], KEEP_MARKS)  # arrived before the turn: stock's order, no aging
+    clock.now = 10.0
+    assert not c.queue.aged(turn)
+    late = Req("o1", None, [8])
+    c.on_arrival(late, None)
+    c.after_step([(late, 0)], KEEP_MARKS)  # arrived after it: it ages from now
+    clock.now = 14.9
+    assert not c.queue.aged(turn)
+    clock.now = 15.0
+    assert c.queue.aged(turn) and not c.queue.turn_overdue(turn)
+
+
+def test_a_later_programs_pinned_continuation_does_not_start_the_turn_bound():
+    """The pinned lane lets later programs' next turns through (Algorithm 1):
+    that starts no earlier turn's bound; a later program's regular-lane turn
+    admitted first does."""
+    c, ledger, clock = controller(pressure_policy="hold", max_turn_delay_s=5.0)
+    first = Req("a1", "A", [1, 2])
+    c.on_arrival(first, None)  # program A, waiting
+    clock.now = 1.0
+    assert run(c, ledger, Req("b1", "B", [3, 4]))  # program B: a pin
+    nxt = Req("b2", "B", [3, 4, 5])
+    c.on_arrival(nxt, None)
+    ledger.take_back([3, 4])
+    c.after_step([(nxt, 8)], KEEP_MARKS)
+    clock.now = 20.0
+    assert not c.queue.turn_overdue(first)
+    stranger = Req("c1", "C", [9])
+    c.on_arrival(stranger, None)
+    c.after_step([(stranger, 0)], KEEP_MARKS)  # a later program's first turn went first
+    clock.now = 25.0
+    assert c.queue.turn_overdue(first)
+
+
+def test_an_aged_turn_waiting_for_earlier_programs_pins_restarts_its_aging():
+    """An aged first turn of a new program reaches the head but only the pins
+    of an earlier program could make room: it waits for them as it would
+    anyway, so its aging restarts and the one-shots behind it are not
+    counted as held back by pins."""
+    requeued = []
+    c, ledger, clock = controller(pool_size=4, pressure_policy="hold", max_turn_delay_s=5.0,
+                                  max_queue_delay_s=1.0)
+    c.queue._requeue = requeued.append
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3]))  # A: 3 blocks pinned, 1 free
+    clock.now = 1.0
+    new = Req("n1", "N", [8, 9])
+    c.on_arrival(new, None)
+    clock.now = 2.0
+    one_shot, behind = Req("o1", None, [10]), Req("o2", None, [11])
+    c.on_arrival(one_shot, None)
+    c.on_arrival(behind, None)
+    c.after_step([(one_shot, 0)], KEEP_MARKS)  # N ages from t=2
+    clock.now = 7.0
+    assert c.queue.aged(new)
+    assert c.releaser.retry_with_pins_released(
+        new, lambda: "blocks", shortfall=1, keep=frozenset(), running=False,
+        preempted=False, waiting=True, anything_running=True) is None
+    assert requeued == [new] and not c.queue.aged(new)
+    clock.now = 9.0
+    assert not c.queue.overdue(behind)  # not held back by pins
+    c.after_step([(behind, 0)], KEEP_MARKS)  # it arrived before the restart: no aging
+    later = Req("o3", None, [12])
+    c.on_arrival(later, None)
+    c.after_step([(later, 0)], KEEP_MARKS)  # ages again from t=9
+    clock.now = 13.9
+    assert not c.queue.aged(new)
+    clock.now = 14.0
+    assert c.queue.aged(new)

@@ -481,3 +481,29 @@ def test_it_reads_like_vllms_fcfs_deque():
     assert reqs[0] in q and Req("a", 1) not in q
     with pytest.raises(IndexError):
         q[3]
+
+
+def test_an_aged_turn_goes_before_later_one_shots_that_are_not_overdue():
+    """Requests without a session go first (sessionless_first), but the
+    oldest aged turn goes before those that arrived after it; not before an
+    earlier one-shot, nor an overdue one."""
+    aged: set[str] = set()
+    overdue: set[str] = set()
+    q = LaneQueue(
+        lane_of=lambda r: REGULAR,
+        key_of=lambda r: (r.session is not None, r.arrival, r.name),
+        enqueued_at=lambda r: r.arrival,
+        bounded=lambda r: r.session is None,
+        program_of=lambda r: r.arrival,
+        overdue=lambda r: r.name in overdue,
+        aged=lambda r: r.name in aged,
+    )
+    for r in [Req("early", 1), Req("turn", 2, "s"), Req("late", 3), Req("later", 4)]:
+        q.add_request(r)
+    assert [r.name for r in q] == ["early", "late", "later", "turn"]
+    aged.add("turn")
+    assert [r.name for r in q] == ["early", "turn", "late", "later"]
+    assert q.firsts() == (1, 2, 2)
+    assert q.pop_request().name == "early"
+    overdue.add("late")  # the oldest is the first to be overdue (waiting_bound.py)
+    assert [r.name for r in q] == ["late", "turn", "later"]
