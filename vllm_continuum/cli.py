@@ -7,7 +7,7 @@
     vllm-continuum profile --url URL   measure prefill time vs context length (TTL model input)
     vllm-continuum tiny-model DIR      build the small random-weight test model
     vllm-continuum bench | compare | sim | matrix | overhead | workload | convert   the benchmarks
-    vllm-continuum scale-bench [--quick]   one step's cost at scale, ours vs stock (issue 29)
+    vllm-continuum scale-bench [--quick]   one step's cost at scale, ours vs stock
     vllm-continuum calibrate --url URL --out FILE   a server's step time, as a simulator cost model
     vllm-continuum predict RUN_DIR --cost-model FILE   a compare run simulated beside what it measured
 """

@@ -116,7 +116,7 @@ class ContinuumConfig(BaseSettings):
         "a new program waits for room rather than thrash everyone); requests without a "
         "session keep the waiting bound `max_queue_delay_s`, a session's bound is the "
         "programs ahead of it (docs/guarantees.md). request: every request has the waiting "
-        "bound, and pins under hold give way to none before it passes (before issue 19).",
+        "bound, and pins under hold give way to none before it passes.",
     )
     max_queue_delay_s: float = Field(
         1.0,

@@ -16,7 +16,7 @@ a saturated one exactly as Eq. 2.
 
 Release by value (the least P(return within the rest of the TTL | not yet)
 x benefit per freed block first) was measured too and dropped: no better
-than releasing the latest program's pins (docs/results/benchmarks-archive.md, issue 12).
+than releasing the latest program's pins (docs/results/benchmarks-archive.md).
 """
 
 from __future__ import annotations

@@ -6,15 +6,16 @@ contexts of programs paused in tool calls, and every resumed turn prefills
 its whole history again (thrashing). Keeping the admitted programs' contexts
 (running, or pinned while their tool runs) and letting a new program in only
 when they leave room, a program waits longer to be admitted but finishes
-sooner, and so does everyone else (docs/results/benchmarks-archive.md, issue 19). Fairness
+sooner, and so does everyone else (docs/results/benchmarks-archive.md). Fairness
 is judged by outcome, not by admission delay.
 
 The rules (`admission: program`), read by the controller:
 
 - Requests of a session have the turn bound `max_turn_delay_s` against
-  later programs only (queue_rules.py): held back by later programs'
-  requests or pins for that long, a turn goes before them and takes their
-  pins; earlier programs it waits for. A new program's first turn waits
+  later programs only (queue_rules.py): held back by later programs' pins
+  (or regular-lane turns) for that long, a turn goes before them and takes
+  their pins; earlier programs it waits for. Against later requests without
+  a session it ages for as long (queue_rules.py). A new program's first turn waits
   in program arrival order (program-level FCFS; vLLM admits in queue order
   and stops at the first request that does not fit, so no later program's
   first turn passes it) until the pool has room beside the admitted
@@ -42,8 +43,8 @@ programs). It evicts contexts that are about to be reused, and measured
 20-25% worse mean JCT under overload in the simulator (docs/results/benchmarks-archive.md);
 the turn bound lets it happen only after `max_turn_delay_s`.
 
-`admission: request` is the rule before issue 19: every request has the
-waiting bound, and its demand counts against every pin.
+`admission: request`: every request has the waiting bound, and its demand
+counts against every pin.
 """
 
 from __future__ import annotations
