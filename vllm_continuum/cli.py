@@ -112,12 +112,12 @@ def main(argv: list[str] | None = None) -> int:
 
     register_cluster(sub)
 
-    from vllm_continuum.experiments import cli as experiments_cli
-    from vllm_continuum.experiments.calibration import cli as calibration_cli
-    from vllm_continuum.experiments.live import cli as live_cli
-    from vllm_continuum.experiments.prediction import cli as prediction_cli
-    from vllm_continuum.experiments.sim import cli as sim_cli
-    from vllm_continuum.experiments.sim import scale_bench_cli
+    from continuum_lab import cli as experiments_cli
+    from continuum_lab.calibration import cli as calibration_cli
+    from continuum_lab.live import cli as live_cli
+    from continuum_lab.prediction import cli as prediction_cli
+    from continuum_lab.sim import cli as sim_cli
+    from continuum_lab.sim import scale_bench_cli
 
     before = set(sub.choices)
     live_cli.register(sub)  # bench, compare
