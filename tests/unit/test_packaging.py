@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import vllm_continuum
-from vllm_continuum.cli import main
+from vllm_continuum.cli import LAB_COMMANDS, main
 
 CLIENT_LIBRARIES = ("openai", "tqdm", "httpx")
 PACKAGE_ROOT = Path(vllm_continuum.__file__).parents[1]
@@ -76,9 +76,31 @@ def test_a_command_without_its_extra_names_the_extra(monkeypatch):
         main(["pause-demo"])
 
 
+def test_the_lab_adds_the_commands_the_cli_names_for_it():
+    import argparse
+
+    from continuum_lab.commands import register
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    register(sub)
+    assert sorted(sub.choices) == sorted(LAB_COMMANDS)
+
+
+def test_without_the_lab_its_commands_say_how_to_install_it(monkeypatch, capsys):
+    for name in [m for m in sys.modules if m.partition(".")[0] == "continuum_lab"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "continuum_lab", None)  # `import continuum_lab` now fails
+    for argv in (["sim", "--quick"], ["scale-bench", "--help"], ["compare"]):
+        with pytest.raises(SystemExit, match=rf"{argv[0]} is a command of the lab .*: pip install \./lab"):
+            main(argv)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    assert "matrix              (in the lab, not installed)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("command", [
-    "demo", "pause-demo", "serve", "cluster", "profile", "tiny-model",
-    "bench", "compare", "workload", "convert", "sim", "overhead", "fit-cost-model", "calibrate", "predict", "sizing",
+    "demo", "pause-demo", "serve", "cluster", "profile", "tiny-model", *LAB_COMMANDS,
 ])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_:
