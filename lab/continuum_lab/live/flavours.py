@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from vllm_continuum.core.pressure import pressure_variants
-from continuum_lab.shipped_before import CAPPED, DEMAND, PRESSURE
+from continuum_lab.shipped_before import CAPPED, DEMAND, PRESSURE, pressure_variants
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_continuum.config import ContinuumConfig, load_config
-from vllm_continuum.core.pressure import pressure_variants
 from continuum_lab.shipped_before import CAPPED as CAPPED_SETTINGS
 from continuum_lab.shipped_before import DEMAND as DEMAND_SETTINGS
 from continuum_lab.shipped_before import PRESSURE as PRESSURE_SETTINGS
+from continuum_lab.shipped_before import pressure_variants
 from continuum_lab.sim.cost_model import CostModel
 from continuum_lab.sim.driver import SimClock, new_scheduler
 from continuum_lab.sim.oracle import oracle_policy_factory
