@@ -1,4 +1,7 @@
-"""Experiments: what the scheduler does for agent workloads, measured two ways.
+"""The lab: what the scheduler does for agent workloads, measured two ways.
+It is its own distribution (lab/pyproject.toml, `vllm-continuum-lab`), on top
+of the product (`vllm_continuum`), which never imports it; its commands join
+`vllm-continuum` through commands.py.
 
 - `live/`: replay a trace against running vLLM servers over HTTP (`bench`),
   or start stock vLLM and continuum one after the other and compare them
