@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from vllm_continuum.experiments.calibration.bench_server import bench_server
-from vllm_continuum.experiments.calibration.probes import Prompts, decode_point, prefill_point
+from continuum_lab.calibration.bench_server import bench_server
+from continuum_lab.calibration.probes import Prompts, decode_point, prefill_point
 
 BLOCK = 32
 CHUNK = 2048  # the server's max_num_batched_tokens

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from vllm_continuum.experiments.calibration.fit import fit_points
-from vllm_continuum.experiments.calibration.probes import Point
-from vllm_continuum.experiments.live.rounds import load_rounds
-from vllm_continuum.experiments.prediction.step_speed import replay_steps
-from vllm_continuum.experiments.sim.cost_model import load_cost_model
+from continuum_lab.calibration.fit import fit_points
+from continuum_lab.calibration.probes import Point
+from continuum_lab.live.rounds import load_rounds
+from continuum_lab.prediction.step_speed import replay_steps
+from continuum_lab.sim.cost_model import load_cost_model
 
 
 def main() -> None:

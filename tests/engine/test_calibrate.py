@@ -13,10 +13,10 @@ import yaml
 
 @pytest.mark.engine
 def test_calibrate_writes_a_cost_model_the_simulator_runs(live_servers, tmp_path):
-    from vllm_continuum.experiments.calibration.command import run_calibrate
-    from vllm_continuum.experiments.sim.cost_model import load_cost_model
-    from vllm_continuum.experiments.sim.run import simulate
-    from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+    from continuum_lab.calibration.command import run_calibrate
+    from continuum_lab.sim.cost_model import load_cost_model
+    from continuum_lab.sim.run import simulate
+    from continuum_lab.trace_format import Program, Trace, Turn
 
     server = live_servers["stock"]
     out = tmp_path / "tiny-cpu.yaml"
@@ -70,8 +70,8 @@ def test_the_speed_probe_measures_what_it_says(live_servers):
     """compare's probe beside each replay (calibration/speed_probe.py): its points are
     calibrate's, the resumed prefill finds its prefix, a decode point is timed at the
     batch that ran side by side, and a cost model reads them into one finite factor."""
-    from vllm_continuum.experiments.calibration.speed_probe import PROBES, REPEATS, probe_speed, speed_factor
-    from vllm_continuum.experiments.sim.cost_model import load_cost_model
+    from continuum_lab.calibration.speed_probe import PROBES, REPEATS, probe_speed, speed_factor
+    from continuum_lab.sim.cost_model import load_cost_model
 
     probe = probe_speed(live_servers["stock"].base_url, seed=0)
     records = probe["points"]

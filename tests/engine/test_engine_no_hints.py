@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from vllm_continuum.experiments.live.replay import replay
-from vllm_continuum.experiments.live.server_counters import continuum_counters, engine_preemptions
-from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+from continuum_lab.live.replay import replay
+from continuum_lab.live.server_counters import continuum_counters, engine_preemptions
+from continuum_lab.trace_format import Program, Trace, Turn
 
 
 def _delta(after: dict, before: dict, key: str) -> dict:

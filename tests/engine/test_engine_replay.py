@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_continuum.experiments.results import RunResult
-from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+from continuum_lab.results import RunResult
+from continuum_lab.trace_format import Program, Trace, Turn
 
 
 @pytest.mark.engine
@@ -16,7 +16,7 @@ def test_live_replay(live_servers, tmp_path):
     apart, and the report (JSON, table, plots) is written."""
     import json
 
-    from vllm_continuum.experiments.live.compare import run_bench
+    from continuum_lab.live.compare import run_bench
 
     trace = Trace([
         Program("a", 0.0, (Turn(300, 8, "grep", 0.2), Turn(64, 8, "cat", 0.1), Turn(64, 4))),

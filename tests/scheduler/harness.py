@@ -1,5 +1,5 @@
 """The scheduler tests' conveniences over the synthetic scheduler driver
-(vllm_continuum/experiments/sim/driver.py, which the simulator uses too).
+(lab/continuum_lab/sim/driver.py, which the simulator uses too).
 
 `Driver` steps a scheduler synchronously, each request sampling its script;
 `audit` checks block accounting against the pool after any step; the rest
@@ -19,7 +19,7 @@ from vllm.v1.request import Request
 
 from vllm_continuum.adapter.scheduler import ContinuumAsyncScheduler, ContinuumScheduler
 from vllm_continuum.config import load_config
-from vllm_continuum.experiments.sim.driver import (
+from continuum_lab.sim.driver import (
     EOS_TOKEN_ID,
     SimClock,
     block_hasher,
@@ -27,7 +27,7 @@ from vllm_continuum.experiments.sim.driver import (
     synthetic_output,
     synthetic_request,
 )
-from vllm_continuum.experiments.sim.driver import random_tokens as tokens  # the tests' prompts
+from continuum_lab.sim.driver import random_tokens as tokens  # the tests' prompts
 
 BLOCK_SIZE = 16
 FILLER_TOKEN = 7  # a token the synthetic model emits that is neither EOS nor a tool call

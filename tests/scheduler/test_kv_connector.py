@@ -33,7 +33,7 @@ from tests.scheduler.harness import (
 )
 from tests.scheduler.kv_connector import kv_transfer_config
 from vllm_continuum.config import load_config
-from vllm_continuum.experiments.sim.driver import synthetic_output
+from continuum_lab.sim.driver import synthetic_output
 
 
 @dataclass

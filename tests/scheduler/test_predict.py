@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_continuum.experiments.calibration.speed_probe import scaled, speed_factor
-from vllm_continuum.experiments.live.rounds import load_rounds, save_round
-from vllm_continuum.experiments.prediction.command import run_predict
-from vllm_continuum.experiments.prediction.overhead import as_client_saw, engine_trace
-from vllm_continuum.experiments.report import summarize, write_runs
-from vllm_continuum.experiments.results import RunResult
-from vllm_continuum.experiments.sim.cost_model import CostModel, Linear
-from vllm_continuum.experiments.sim.policies import sim_config
-from vllm_continuum.experiments.sim.run import simulate
-from vllm_continuum.experiments.workload_spec import load_spec
+from continuum_lab.calibration.speed_probe import scaled, speed_factor
+from continuum_lab.live.rounds import load_rounds, save_round
+from continuum_lab.prediction.command import run_predict
+from continuum_lab.prediction.overhead import as_client_saw, engine_trace
+from continuum_lab.report import summarize, write_runs
+from continuum_lab.results import RunResult
+from continuum_lab.sim.cost_model import CostModel, Linear
+from continuum_lab.sim.policies import sim_config
+from continuum_lab.sim.run import simulate
+from continuum_lab.workload_spec import load_spec
 from tests.unit.test_speed_probe import probe_records
 
 COST = CostModel(name="truth", kind="linear", block_size=32, num_gpu_blocks=96, max_num_seqs=64,
@@ -35,7 +35,7 @@ LOGGED_BATCHES = [[[512, 0]], [[1, 600], [1, 300]], [[200, 512], [1, 700]]]
 
 
 def _step_log(path: Path, machine: CostModel) -> dict:
-    """A step log (experiments/step_log.py's format) of LOGGED_BATCHES run on `machine`,
+    """A step log (continuum_lab/step_log.py's format) of LOGGED_BATCHES run on `machine`,
     and a step before the replay's window (a speed probe's) that must not count."""
     lines, t = [{"t": 5.0, "batch": [[64, 0]], "step_s": 99.0}], 10.0
     for batch in LOGGED_BATCHES:

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from vllm_continuum.core.ttl import TurnEnd
-from vllm_continuum.experiments.report import summarize
-from vllm_continuum.experiments.sim.cost_model import CostModel, Linear, fit_linear, load_cost_model
-from vllm_continuum.experiments.sim.loop import Simulation
-from vllm_continuum.experiments.sim.oracle import Hindsight, OracleTTLPolicy
-from vllm_continuum.experiments.sim.run import prepare_run, simulate
-from vllm_continuum.experiments.workload_spec import load_spec
+from continuum_lab.report import summarize
+from continuum_lab.sim.cost_model import CostModel, Linear, fit_linear, load_cost_model
+from continuum_lab.sim.loop import Simulation
+from continuum_lab.sim.oracle import Hindsight, OracleTTLPolicy
+from continuum_lab.sim.run import prepare_run, simulate
+from continuum_lab.workload_spec import load_spec
 
 # A small server under memory pressure: 3,072 tokens of KV for programs whose
 # contexts reach about 1.5k tokens, several in flight.
@@ -121,7 +121,7 @@ def test_small_mixed_run_keeps_one_shot_requests_apart(mixed_trace, profile_path
 def test_one_shot_requests_carry_no_session(mixed_trace, profile_path):
     """What the scheduler sees: an agent turn has its session and hints, a one-shot
     request neither (so the continuum scheduler can neither pin nor reorder it by session)."""
-    from vllm_continuum.experiments.sim.loop import _Live
+    from continuum_lab.sim.loop import _Live
 
     sim = Simulation(mixed_trace, SMALL, "continuum", prefill_profile_path=profile_path)
     agent, chat = mixed_trace.agents[0], mixed_trace.one_shots[0]
@@ -192,7 +192,7 @@ def test_oracle_policy():
 
 
 def test_seed_summary_ratios_and_ties():
-    from vllm_continuum.experiments.sim.run import seed_summary
+    from continuum_lab.sim.run import seed_summary
 
     rows = [
         {"seed": 0, "label": "stock", "jct_mean_s": 20.0},
@@ -212,7 +212,7 @@ def test_seed_summary_ratios_and_ties():
 
 def test_seed_summary_with_one_shot_traffic():
     """The policy's one-shot p99 TTFT over stock's, per seed: 2x and 8x -> geometric mean 4x."""
-    from vllm_continuum.experiments.sim.run import seed_summary
+    from continuum_lab.sim.run import seed_summary
 
     rows = [{"seed": seed, "label": label, "jct_mean_s": jct, "one_shot_requests": 9,
              "one_shot_ttft_p99_s": p99}
@@ -230,8 +230,8 @@ def test_seed_summary_with_one_shot_traffic():
 def test_policy_names_pick_their_pressure_policy(policy, pressure, profile_path):
     """A plain name runs the configured default (hold); a suffix pins one, so that
     a benchmark's labels stay true when the default changes."""
-    from vllm_continuum.experiments.sim.driver import SimClock
-    from vllm_continuum.experiments.sim.policies import build_scheduler
+    from continuum_lab.sim.driver import SimClock
+    from continuum_lab.sim.policies import build_scheduler
 
     built = build_scheduler(policy, SMALL, SimClock(), prefill_profile_path=profile_path,
                             oracle_durations=lambda request_id: 1.0)
@@ -239,7 +239,7 @@ def test_policy_names_pick_their_pressure_policy(policy, pressure, profile_path)
 
 
 def test_seed_plot_is_written(tmp_path):
-    from vllm_continuum.experiments.sim.run import plot_seeds
+    from continuum_lab.sim.run import plot_seeds
 
     rows = [{"seed": s, "label": label, "jct_mean_s": jct}
             for s in (0, 1) for label, jct in (("stock", 10.0), ("continuum-hold", 8.0 + s))]
@@ -259,7 +259,7 @@ def test_tiny_case_step_by_step(policy, profile_path):
                tokens, 2 full blocks are cached -> 32 cached, 18 to prefill
       step 3   prefill 18 -> its only token         0.118 s  -> t=1.351, JCT 1.351
     The pool is far from full, so continuum must not change a thing."""
-    from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+    from continuum_lab.trace_format import Program, Trace, Turn
 
     cost = SMALL.model_copy(update={"linear": Linear(step_s=0.1, per_token_s=1e-3, per_pair_s=0.0)})
     trace = Trace([Program("p", 0.0, (Turn(32, 2, "t", 1.0), Turn(16, 1)))])
@@ -312,7 +312,7 @@ def _req(session: str | None):
 
 
 def test_hash_ring_by_hand():
-    from vllm_continuum.experiments.sim.routing import HashRing
+    from continuum_lab.sim.routing import HashRing
 
     keys = [f"session-{k}" for k in range(40)]
     for n, vnodes in ((2, 1), (3, 5), (8, 100)):
@@ -327,7 +327,7 @@ def test_hash_ring_by_hand():
 
 
 def test_routers_by_hand():
-    from vllm_continuum.experiments.sim.routing import make_router
+    from continuum_lab.sim.routing import make_router
 
     rr = make_router("round_robin", 2)
     assert [rr.route(_req("a"), [_View(5), _View(0)]) for _ in range(4)] == [0, 1, 0, 1]
@@ -368,7 +368,7 @@ def test_routers_by_hand():
 def _three_programs():
     """Two turns each (32 prompt + 2 output tokens, a 1 s tool, then 16 new + 1 output),
     arriving at 0, 0.05 and 0.1 s."""
-    from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+    from continuum_lab.trace_format import Program, Trace, Turn
 
     return Trace([Program(pid, t, (Turn(32, 2, "t", 1.0), Turn(16, 1)))
                   for pid, t in (("a", 0.0), ("b", 0.05), ("c", 0.1))])
@@ -396,7 +396,7 @@ def test_two_instances_by_hand(policy, profile_path, tmp_path):
     trace = _three_programs()
     hashed = {p: _ring_owner(p, 2, 100) for p in "abc"}
     assert hashed == {"a": 1, "b": 0, "c": 1}
-    from vllm_continuum.experiments.sim.cluster import cluster_row, cluster_table, plot_cluster
+    from continuum_lab.sim.cluster import cluster_row, cluster_table, plot_cluster
 
     rows = []
     expected = {
@@ -448,7 +448,7 @@ def test_multi_instance_run_completes_every_turn(policy, trace, profile_path):
     consistent hashing keeps each session on its ring owner, and (with `forever`,
     whose pins never expire) an instance counts a resumed turn as pinned exactly
     when the router sent it to the instance holding its pin."""
-    from vllm_continuum.experiments.sim.routing import ROUTINGS
+    from continuum_lab.sim.routing import ROUTINGS
 
     n_turns = sum(len(p.turns) for p in trace)
     for routing in ROUTINGS:

@@ -7,9 +7,9 @@ import pytest
 from tests.scheduler.test_sim import SMALL, _run
 
 from vllm_continuum.core.pin_value import PoolState
-from vllm_continuum.experiments.sim.driver import SimClock
-from vllm_continuum.experiments.sim.policies import CANDIDATES, build_scheduler
-from vllm_continuum.experiments.workload_spec import load_spec
+from continuum_lab.sim.driver import SimClock
+from continuum_lab.sim.policies import CANDIDATES, build_scheduler
+from continuum_lab.workload_spec import load_spec
 
 
 @pytest.fixture(scope="module")

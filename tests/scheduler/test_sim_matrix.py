@@ -9,7 +9,7 @@ import pytest
 import yaml
 from tests.scheduler.test_sim import SMALL
 
-from vllm_continuum.experiments.sim.matrix import (
+from continuum_lab.sim.matrix import (
     CellSpec, MatrixSpec, cell_summary, load_matrix, merge_rows, render_matrix, run_matrix, targets_table,
 )
 
@@ -32,7 +32,7 @@ def test_cell_summary_by_hand():
 
 
 def test_the_shipped_grid_loads_and_names_known_policies():
-    from vllm_continuum.experiments.sim.policies import POLICIES
+    from continuum_lab.sim.policies import POLICIES
 
     spec = load_matrix()
     assert set(spec.policies) <= set(POLICIES)

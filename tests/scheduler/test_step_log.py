@@ -1,4 +1,4 @@
-"""`compare --step-log`'s recorders (experiments/step_recorder.py) on a real
+"""`compare --step-log`'s recorders (continuum_lab/step_recorder.py) on a real
 vLLM scheduler: each records every step it runs, what the step held and how long
 it took, and decides nothing (the same run, step for step, as the class it wraps)."""
 
@@ -8,10 +8,10 @@ import pytest
 from tests.scheduler.harness import BLOCK_SIZE, Driver, make_request, tokens
 
 from vllm_continuum.config import load_config
-from vllm_continuum.experiments.prediction.step_speed import step_kind
-from vllm_continuum.experiments.step_log import RECORDERS, STEP_LOG_KEY, read_steps
-from vllm_continuum.experiments.step_recorder import ContinuumStepRecorder, StockStepRecorder
-from vllm_continuum.experiments.sim.driver import new_scheduler
+from continuum_lab.prediction.step_speed import step_kind
+from continuum_lab.step_log import RECORDERS, STEP_LOG_KEY, read_steps
+from continuum_lab.step_recorder import ContinuumStepRecorder, StockStepRecorder
+from continuum_lab.sim.driver import new_scheduler
 
 
 def _run(cls, model_dir, additional_config=None, **kwargs):

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from vllm_continuum.experiments.live.compare import merge_runs, one_shot_line
-from vllm_continuum.experiments.live.round_report import round_outcomes, round_table
-from vllm_continuum.experiments.live.replay import new_tokens
-from vllm_continuum.experiments.report import markdown_table, plot_runs, summarize, write_runs
-from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
-from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+from continuum_lab.live.compare import merge_runs, one_shot_line
+from continuum_lab.live.round_report import round_outcomes, round_table
+from continuum_lab.live.replay import new_tokens
+from continuum_lab.report import markdown_table, plot_runs, summarize, write_runs
+from continuum_lab.results import ProgramRecord, RunResult, TurnRecord
+from continuum_lab.trace_format import Program, Trace, Turn
 
 
 def _run(label: str, jct: float, cached: int) -> RunResult:
@@ -87,7 +87,7 @@ def test_one_shot_columns_from_known_inputs(tmp_path):
 def test_replay_sends_one_shot_requests_without_session(monkeypatch):
     """The replay client's bodies: an agent turn carries its session and hints, a
     one-shot request neither; each is recorded where it belongs."""
-    from vllm_continuum.experiments.live import replay as replay_mod
+    from continuum_lab.live import replay as replay_mod
 
     bodies = []
 
@@ -145,7 +145,7 @@ def test_server_counters_from_a_known_exposition(monkeypatch):
     And what it records of every server's: vLLM's preemptions."""
     import httpx
 
-    from vllm_continuum.experiments.live import server_counters
+    from continuum_lab.live import server_counters
 
     text = "\n".join([
         "# TYPE continuum_ttl_seconds histogram",
@@ -187,7 +187,7 @@ def test_server_counters_from_a_known_exposition(monkeypatch):
 def test_benchmark_servers_leave_the_engine_core_a_core(monkeypatch):
     """compare's and calibrate's servers run the model worker on every core but one
     (vLLM's engine core spins on the other), or on --model-threads."""
-    from vllm_continuum.experiments.live.flavours import bench_server_env, model_threads
+    from continuum_lab.live.flavours import bench_server_env, model_threads
 
     assert [model_threads(n) for n in (1, 2, 8)] == [1, 1, 7]
     monkeypatch.setattr("os.cpu_count", lambda: 4)

@@ -1,5 +1,5 @@
 """What `calibrate` says when the server or a probe fails: a message that names
-the fix, not a traceback (experiments/calibration/)."""
+the fix, not a traceback (continuum_lab/calibration/)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import asyncio
 import httpx
 import pytest
 
-from vllm_continuum.experiments.calibration.command import fit_measured
-from vllm_continuum.experiments.calibration.probes import Point, Prompts, prefill_point
-from vllm_continuum.experiments.calibration.server import read_shape
-from vllm_continuum.experiments.cli import positive_int
+from continuum_lab.calibration.command import fit_measured
+from continuum_lab.calibration.probes import Point, Prompts, prefill_point
+from continuum_lab.calibration.server import read_shape
+from continuum_lab.cli import positive_int
 from vllm_continuum.tools.local_server import free_port
 
 

@@ -1,15 +1,15 @@
-"""The calibration's fit (experiments/calibration/fit.py) and plan, on points
+"""The calibration's fit (continuum_lab/calibration/fit.py) and plan, on points
 made from a known cost model: the fit must give the model back."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_continuum.experiments.calibration.fit import combine_repeats, fit_points
-from vllm_continuum.experiments.calibration.grid import decode_fits, plan
-from vllm_continuum.experiments.calibration.probes import Point, steady_step_s
-from vllm_continuum.experiments.calibration.server import ServerShape
-from vllm_continuum.experiments.sim.cost_model import CostModel, Linear
+from continuum_lab.calibration.fit import combine_repeats, fit_points
+from continuum_lab.calibration.grid import decode_fits, plan
+from continuum_lab.calibration.probes import Point, steady_step_s
+from continuum_lab.calibration.server import ServerShape
+from continuum_lab.sim.cost_model import CostModel, Linear
 
 TRUE = CostModel(name="t", kind="linear", block_size=32, num_gpu_blocks=160, max_num_seqs=128,
                  max_num_batched_tokens=2048, max_model_len=4096, api_overhead_s=0.05,
@@ -70,7 +70,7 @@ def test_decode_attention_is_its_own_term():
     """A decode reads its whole context for one query: the step model's decode KV
     term counts the decodes' context entries, nothing of a prefill's, so a model
     without it understates a batch of long distinct contexts."""
-    from vllm_continuum.experiments.sim.cost_model import StepFeatures
+    from continuum_lab.sim.cost_model import StepFeatures
 
     f = StepFeatures.of([(1, 2000), (1, 1000), (512, 1024)])
     assert (f.decodes, f.decode_kv) == (2, 3000)
@@ -129,8 +129,8 @@ def test_sizing_reads_reprefill_against_decode_by_hand():
     output tokens, on a model without attention cost: the re-prefill is the
     history's tokens (1,000 x 3e-4 s; same steps: a 1,100-token prefill is one
     step either way), the decode 10 steps of 0.02 + 3e-4 + 1e-3 s alone."""
-    from vllm_continuum.experiments.calibration.sizing import resumed_turn_costs, sizing_report
-    from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+    from continuum_lab.calibration.sizing import resumed_turn_costs, sizing_report
+    from continuum_lab.trace_format import Program, Trace, Turn
 
     cost = TRUE.model_copy(update={"linear": Linear(step_s=0.02, per_token_s=3e-4, per_pair_s=0.0,
                                                     per_seq_s=1e-3)})

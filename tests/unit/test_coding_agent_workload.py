@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_continuum.experiments.workload_spec import load_spec
+from continuum_lab.workload_spec import load_spec
 
 
 def test_coding_agent_is_long_horizon_with_bimodal_tool_times():

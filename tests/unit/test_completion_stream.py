@@ -1,5 +1,5 @@
 """The streamed /v1/completions reader that the replay and `calibrate` share
-(experiments/live/completion_stream.py), on a server played by httpx."""
+(continuum_lab/live/completion_stream.py), on a server played by httpx."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import pytest
 
-from vllm_continuum.experiments.live.completion_stream import completion_events, token_ids
+from continuum_lab.live.completion_stream import completion_events, token_ids
 
 
 async def _chunks(status: int, body: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Where the cores went over a replay (experiments/machine.py CpuMeter): a
+"""Where the cores went over a replay (continuum_lab/machine.py CpuMeter): a
 server's processes counted by session, this process as the client."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 
-from vllm_continuum.experiments.machine import CpuMeter
-from vllm_continuum.experiments.prediction.tables import cores_used
+from continuum_lab.machine import CpuMeter
+from continuum_lab.prediction.tables import cores_used
 
 BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\ntime.sleep(30)"
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from vllm_continuum.experiments.outcomes import outcome, outcome_table
-from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
+from continuum_lab.outcomes import outcome, outcome_table
+from continuum_lab.results import ProgramRecord, RunResult, TurnRecord
 
 
 def _run(label: str, ends: dict[str, float], one_shot_ttfts=()) -> RunResult:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import statistics
 
-from vllm_continuum.experiments.calibration.sizing import resumed_turn_costs
-from vllm_continuum.experiments.sim.cost_model import load_cost_model
-from vllm_continuum.experiments.workload_spec import load_spec, load_trace
+from continuum_lab.calibration.sizing import resumed_turn_costs
+from continuum_lab.sim.cost_model import load_cost_model
+from continuum_lab.workload_spec import load_spec, load_trace
 
 
 def test_the_pool_holds_about_a_third_and_reprefill_outweighs_decode():

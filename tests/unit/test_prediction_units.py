@@ -8,11 +8,11 @@ import json
 import pytest
 
 from vllm_continuum.config import load_config
-from vllm_continuum.experiments.prediction.overhead import as_client_saw, engine_trace
-from vllm_continuum.experiments.prediction.settings import sim_policy
-from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
-from vllm_continuum.experiments.sim.policies import sim_config
-from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+from continuum_lab.prediction.overhead import as_client_saw, engine_trace
+from continuum_lab.prediction.settings import sim_policy
+from continuum_lab.results import ProgramRecord, RunResult, TurnRecord
+from continuum_lab.sim.policies import sim_config
+from continuum_lab.trace_format import Program, Trace, Turn
 
 
 def test_overhead_moves_the_engine_later_and_the_client_back():

@@ -1,16 +1,16 @@
 """`--publish NAME`: the report of a measuring command, written to docs/results/NAME.md
-under the command line that reproduces it (experiments/publish.py)."""
+under the command line that reproduces it (continuum_lab/publish.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from vllm_continuum.cli import main
-from vllm_continuum.experiments.live import cli as live_cli
-from vllm_continuum.experiments.publish import RESULTS_DIR, git_commit, publish_report
-from vllm_continuum.experiments.report import markdown_table, summarize
-from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
-from vllm_continuum.experiments.sim import cli as sim_cli
+from continuum_lab.live import cli as live_cli
+from continuum_lab.publish import RESULTS_DIR, git_commit, publish_report
+from continuum_lab.report import markdown_table, summarize
+from continuum_lab.results import ProgramRecord, RunResult, TurnRecord
+from continuum_lab.sim import cli as sim_cli
 
 
 def _run(label: str, jct: float, cached: int) -> RunResult:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_continuum.experiments.live.rounds import load_rounds, save_round
-from vllm_continuum.experiments.live.sent_trace import sent_trace
-from vllm_continuum.experiments.results import ProgramRecord, RunResult, TurnRecord
-from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+from continuum_lab.live.rounds import load_rounds, save_round
+from continuum_lab.live.sent_trace import sent_trace
+from continuum_lab.results import ProgramRecord, RunResult, TurnRecord
+from continuum_lab.trace_format import Program, Trace, Turn
 
 PLANNED = Trace([
     Program("a", 0.0, (Turn(100, 8, "grep", 1.0), Turn(20, 8, "cat", 0.5), Turn(10, 4))),

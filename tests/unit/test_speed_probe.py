@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from vllm_continuum.experiments.calibration.probes import Point
-from vllm_continuum.experiments.calibration.speed_probe import (
+from continuum_lab.calibration.probes import Point
+from continuum_lab.calibration.speed_probe import (
     modelled_s, replay_speed, run_speed, scaled, speed_factor)
-from vllm_continuum.experiments.sim.cost_model import CostModel, Linear
+from continuum_lab.sim.cost_model import CostModel, Linear
 
 COST = CostModel(name="truth", kind="linear", block_size=32, num_gpu_blocks=96, max_num_seqs=64,
                  max_num_batched_tokens=1024, max_model_len=4096, api_overhead_s=0.05,

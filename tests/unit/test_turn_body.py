@@ -1,5 +1,5 @@
 """A replayed turn's request body under `--hints all` and `--hints none`
-(experiments/live/turn_body.py), and the replay client sending them."""
+(continuum_lab/live/turn_body.py), and the replay client sending them."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from vllm_continuum.experiments.live.flavours import continuum_settings_arg
-from vllm_continuum.experiments.live.turn_body import ToolCallText, turn_body
-from vllm_continuum.experiments.trace_format import Program, Trace, Turn
+from continuum_lab.live.flavours import continuum_settings_arg
+from continuum_lab.live.turn_body import ToolCallText, turn_body
+from continuum_lab.trace_format import Program, Trace, Turn
 
 CALL = ToolCallText("run_tests", *ToolCallText.texts("run_tests"),
                     head_ids=(900, 11, 12, 13, 14), tail_ids=(15, 901))
@@ -81,7 +81,7 @@ def test_tool_names_are_json_and_regex_escaped():
 def test_replay_without_hints_tokenizes_each_tool_once_and_sends_no_hint(monkeypatch):
     """The replay client asks the server's tokenizer for each tool's call text
     before it starts, then sends bodies without any continuum hint."""
-    from vllm_continuum.experiments.live import replay as replay_mod
+    from continuum_lab.live import replay as replay_mod
 
     bodies, tokenized = [], []
 
@@ -121,7 +121,7 @@ def test_continuum_settings_are_checked_against_the_config():
 
 def test_every_compare_flavour_is_a_valid_config_and_the_queue_order_one_differs_only_there():
     from vllm_continuum.config import load_config
-    from vllm_continuum.experiments.live.flavours import FLAVOURS
+    from continuum_lab.live.flavours import FLAVOURS
 
     configs = {name: load_config(use_env=False, **f.settings)
                for name, f in FLAVOURS.items() if f.server == "continuum"}

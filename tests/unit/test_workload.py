@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from vllm_continuum.experiments.configs import WORKLOAD_DIR
-from vllm_continuum.experiments.trace_format import FORMAT, Program, Trace, Turn
-from vllm_continuum.experiments.workload_spec import load_spec, load_trace
+from continuum_lab.configs import WORKLOAD_DIR
+from continuum_lab.trace_format import FORMAT, Program, Trace, Turn
+from continuum_lab.workload_spec import load_spec, load_trace
 
 PAPER_WORKLOADS = ["swebench", "bfcl"]
 
@@ -171,7 +171,7 @@ def test_trace_without_header_and_bad_lines(tmp_path):
 
 
 def test_convert_chat_transcripts(tmp_path):
-    from vllm_continuum.experiments.transcripts import convert
+    from continuum_lab.transcripts import convert
 
     traj = {  # the shape of a mini-swe-agent trajectory
         "info": {"exit_status": "Submitted"},

@@ -1,6 +1,9 @@
 """Taking, returning and weighing KV block references: the only code that
 touches vLLM's block pool (`vllm_continuum.core.ledger.BlockLedger` over it).
 
+Every vLLM internal it reads beyond these classes' methods is reached
+through `vllm_internals.VllmInternals`, checked when the scheduler starts.
+
 A pin holds exactly the references a finished request held, taken with
 `pop_blocks_for_free` (upstream's own "pop now, free later" path). Giving
 them back respects upstream's deferred-free fence, so a block that an
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING
 from vllm.logger import init_logger
 from vllm.v1.request import RequestStatus
 
+from vllm_continuum.adapter.vllm_internals import VllmInternals
 from vllm_continuum.core.pin_value import PoolState
 
 if TYPE_CHECKING:
@@ -33,6 +37,8 @@ logger = init_logger("vllm.continuum")
 class VllmBlockLedger:
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
+        self._internals = VllmInternals(scheduler)
+        self._shortfall_failed = False  # logged at WARNING once
         self._pool = scheduler.kv_cache_manager.block_pool
         self._allocate_signature = inspect.signature(scheduler.kv_cache_manager.allocate_slots)
         self._managers = scheduler.kv_cache_manager.coordinator.single_type_managers
@@ -52,7 +58,7 @@ class VllmBlockLedger:
         """Take over a finished request's block references; return them (group
         after group, as `pop_blocks_for_free` does) and their fence."""
         s = self._scheduler
-        fence = 0 if s._request_blocks_can_be_freed(request) else s.sched_step_seq
+        fence = self._internals.fence(request)
         if self._group_of is None:
             return s.kv_cache_manager.pop_blocks_for_free(request), fence
         blocks: list[KVCacheBlock] = []
@@ -63,9 +69,8 @@ class VllmBlockLedger:
         return blocks, fence
 
     def give_back(self, blocks: Sequence[KVCacheBlock], fence: int) -> None:
-        s = self._scheduler
-        if s.defer_block_free and fence > s.processed_step_seq:
-            s.deferred_frees.append((fence, list(blocks)))  # as stock defers a free
+        if not self._internals.fence_passed(fence):
+            self._internals.defer_free(fence, list(blocks))  # as stock defers a free
             return
         if self._group_of is None:
             # Reverse order: the tail of a prompt is evicted first, as upstream does.
@@ -89,8 +94,7 @@ class VllmBlockLedger:
             pool.touch(pool_blocks)
 
     def can_give_back_now(self, fence: int) -> bool:
-        s = self._scheduler
-        return not s.defer_block_free or fence <= s.processed_step_seq
+        return self._internals.fence_passed(fence)
 
     @staticmethod
     def ids(blocks: Iterable[KVCacheBlock], keep_null: bool = False) -> tuple:
@@ -141,9 +145,15 @@ class VllmBlockLedger:
         identical in 0.32 and 0.33), asked once instead of retrying per pin.
         None where it cannot be told (then every pin that frees a block is a
         candidate)."""
+        if not self._internals.shortfall_known:
+            return None
         try:
             return self._shortfall(request, args, kwargs)
         except Exception:  # an internal API moved: fall back, never fail the step
+            if not self._shortfall_failed:
+                self._shortfall_failed = True
+                logger.warning("continuum: vLLM's allocation arithmetic failed; a failed "
+                               "allocation's shortfall counts as unknown", exc_info=True)
             logger.debug("continuum: shortfall unknown for %s", request.request_id, exc_info=True)
             return None
 

@@ -100,12 +100,3 @@ def pins_to_release(
             freed -= len(own)
     return chosen
 
-
-def pressure_variants(name: str, settings: dict[str, str], key: str) -> dict[str, dict[str, str]]:
-    """Benchmark labels for one policy: NAME under the configured pressure policy,
-    NAME-yield and NAME-hold pinning one (`key` is where the setting goes), so
-    that a label keeps its meaning when the default changes."""
-    variants = {name: dict(settings)}
-    for policy in ("yield", "hold"):
-        variants[f"{name}-{policy}"] = {**settings, key: policy}
-    return variants

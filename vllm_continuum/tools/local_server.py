@@ -157,7 +157,7 @@ def flavour_server(
     """A CPU server that is stock vLLM or continuum and otherwise identical;
     `settings` go to continuum through `--additional-config`. `scheduler_cls`
     replaces the flavour's scheduler (a subclass that records its steps:
-    experiments/step_recorder.py), and `additional_config` adds top-level
+    continuum_lab/step_recorder.py), and `additional_config` adds top-level
     keys beside continuum's section (the file it records to)."""
     if flavour not in ("stock", "continuum"):
         raise ValueError(f"unknown server flavour {flavour!r}")

@@ -1,0 +1,113 @@
+"""What `compare` can start: stock vLLM and continuum under each TTL and
+pressure policy, with the CPU benchmark's defaults. Light (no HTTP client),
+so the command line can offer the choices without importing the benchmark."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from continuum_lab.shipped_before import CAPPED, DEMAND, PRESSURE, pressure_variants
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    server: str  # "stock" or "continuum"
+    settings: dict = field(default_factory=dict)  # --additional-config's continuum
+
+
+# The flavour every other is set against, round by round.
+STOCK = "stock"
+
+# What `compare --flavours` accepts: stock, and each TTL policy under the
+# configured pressure policy (plain name) or an explicit one (-yield, -hold).
+FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
+    name: Flavour(name, "continuum", settings)
+    for ttl in ("continuum", "fixed", "forever")
+    for name, settings in pressure_variants(ttl, {"ttl_policy": ttl}, "pressure_policy").items()
+} | {
+    # Exactly what ships, whatever the defaults are (issue 19 changes them), and
+    # what ships without its pins: the queue order and admission alone.
+    "default": Flavour("default", "continuum", {}),
+    "never": Flavour("never", "continuum", {"ttl_policy": "never"}),
+    # What shipped from issue 19 until the caps opened.
+    "default-capped": Flavour("default-capped", "continuum", CAPPED | PRESSURE),
+    # What shipped from the caps' opening until the pin cost became `demand`.
+    "default-pressure": Flavour("default-pressure", "continuum", PRESSURE),
+    # What shipped from then until `forever` did: the learned TTL charged on demand.
+    "default-demand": Flavour("default-demand", "continuum", DEMAND),
+    # The shipped TTL policy in the paper's queue order: what `sessionless_first`
+    # costs the agents and buys the one-shot requests, live (docs/results/benchmarks-archive.md).
+    "continuum-program-fcfs": Flavour(
+        "continuum-program-fcfs", "continuum", {"ttl_policy": "continuum", "queue_order": "program_fcfs"}),
+}
+
+# The CPU benchmark's defaults (docs/results/benchmarks-archive.md explains the choice).
+DEFAULT_WORKLOAD = "cpu-agent"
+DEFAULT_LAYERS = 2
+DEFAULT_NUM_BLOCKS = 160  # x 32 tokens: a 5,120-token pool
+DEFAULT_MAX_MODEL_LEN = 4096
+# How long a benchmark server may take to start: about a minute on an idle
+# two-core machine, several when other jobs share the cores.
+START_TIMEOUT_S = 600
+# Every continuum server: the TTL model trusts tool CDFs after 20 samples (K;
+# the default 100 is more tool calls than a CPU run makes, which would leave it
+# in cold start throughout). Runs before the caps opened also set
+# max_session_pinned_fraction 0.4 here (each run's results.json records these).
+COMMON_CONTINUUM_SETTINGS = {
+    "cold_start_samples": 20,
+}
+
+
+def model_threads(cpus: int | None = None) -> int:
+    """The benchmark server's model worker threads, by default every core but one.
+
+    vLLM's engine core waits for each step's output by spinning on its shared-
+    memory queue (shm_broadcast.py: `sched_yield` for a second after each read),
+    so it keeps a core busy while the model runs. A worker with a thread on
+    every core loses one of them to it mid-step, and its steps ran 1.4-1.5x
+    what the same server measured when idle (docs/results/benchmarks-archive.md, "One core for
+    the engine core"). On a GPU server the model runs on the GPU and the
+    engine core has a CPU to itself; leaving it a core is this benchmark's
+    nearest equivalent, and makes calibrate's probes time what a replay runs."""
+    return max(1, (cpus or os.cpu_count() or 1) - 1)
+
+
+def bench_server_env(threads: int | None = None) -> dict[str, str]:
+    """The environment every benchmark server starts with (compare's, calibrate
+    --bench-server's): its model worker's threads (default: model_threads())."""
+    return {"OMP_NUM_THREADS": str(threads or model_threads())}
+
+
+def model_threads_arg(parser) -> None:
+    """`--model-threads`, for compare and calibrate --bench-server alike."""
+    from continuum_lab.cli import positive_int
+
+    parser.add_argument("--model-threads", type=positive_int, default=model_threads(),
+                        help="threads of the benchmark server's model worker (default: every core "
+                             f"but one, {model_threads()} here: the engine core spins on the "
+                             "other; docs/calibration.md)")
+
+
+def continuum_settings_arg(text: str) -> dict:
+    """`--continuum-settings`: a JSON object of continuum settings (config.py's
+    fields), checked here so that a typo fails before any server starts."""
+    import argparse
+    import json
+
+    from vllm_continuum.config import ConfigError, load_config
+
+    try:
+        settings = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"not JSON ({exc}); give an object, e.g. '{{\"pin_cost\": \"pressure\"}}'") from exc
+    if not isinstance(settings, dict):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a JSON object; give one, e.g. '{{\"pin_cost\": \"pressure\"}}'")
+    try:
+        load_config(use_env=False, **settings)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f"invalid continuum settings: {exc}") from exc
+    return settings
