@@ -128,15 +128,22 @@ class ContinuumConfig(BaseSettings):
         "way to it under either pressure policy.",
     )
     max_turn_delay_s: float = Field(
-        math.inf,
+        30.0,
         ge=0,
         description="Turn bound (of a session's turns under admission: program): once "
-        "requests of later programs have gone ahead of a turn, or pins of later programs "
-        "have kept memory it needed, for this long, it goes before every request of a "
-        "later program and their pins give way to it. A turn then waits for earlier "
-        "programs only. Off (inf) by default: at 30 s it cost 2-9% mean JCT and one-shot "
-        "p99 TTFT in the simulator's overload cells (docs/guarantees.md); set it where "
-        "agents' tools outlast max_ttl_s beside many later programs or sessionless floods.",
+        "pins of later programs have kept memory a turn needed (or a later program's turn "
+        "went ahead of it from the regular lane) for this long, it goes before every "
+        "request of a later program and their pins give way to it. A turn then waits for "
+        "earlier programs only (docs/guarantees.md).",
+    )
+    max_turn_aging_s: float = Field(
+        math.inf,
+        ge=0,
+        description="Aging of a session's turn against requests without a session (which "
+        "`sessionless_first` queues first): once those that arrived after it have gone "
+        "ahead of it for this long, it goes before those of them that are not overdue. "
+        "Off (inf) by default: it costs one-shots' latency beside agents under overload "
+        "(docs/guarantees.md); set it where sessionless floods may starve agents.",
     )
     program_precedence_s: float = Field(
         3600.0,

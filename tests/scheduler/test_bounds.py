@@ -5,7 +5,7 @@ wall-clock `arrival_time`; the scheduler runs on its own clock (harness).
 - an earlier program's turn whose pin expired is not held behind later
   programs' pins for longer than the turn bound (`max_turn_delay_s`);
 - a session's turn is not passed forever by a flood of requests without a
-  session (the turn bound again);
+  session (its aging, `max_turn_aging_s`);
 - an overdue request without a session goes first even when an older one is
   parked (its grammar compiling);
 - the precedence cap fires on vLLM's real timestamps
@@ -57,7 +57,7 @@ def test_a_sessionless_flood_does_not_starve_an_agent(tiny_model_dir, async_sche
     (and go before session turns: sessionless_first). An agent's first turn is
     admitted within the turn bound, plus the flood that arrived before it."""
     a = agents(tiny_model_dir, async_scheduling, "continuum", [(5, 2, 64)],
-               max_turn_delay_s=TURN_BOUND_S)
+               max_turn_aging_s=TURN_BOUND_S)
     agent = a.programs[0]
 
     sent = iter(range(10**6))

@@ -67,6 +67,7 @@ def scheduler_machine(
                 "max_pinned_fraction": 0.5,
                 "max_queue_delay_s": MAX_QUEUE_DELAY_S,
                 "max_turn_delay_s": MAX_TURN_DELAY_S,
+                "max_turn_aging_s": MAX_TURN_DELAY_S,
                 # Without a fixed TTL, pins last until the cap: short, so that they expire.
                 "max_ttl_s": 30.0 if ttl_policy == "fixed" else 1.0,
             }

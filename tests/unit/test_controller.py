@@ -363,7 +363,7 @@ def test_a_turn_ages_against_one_shots_that_arrived_after_it_only():
     """Under sessionless_first one-shots go before session turns. A turn ages
     from the first admission of a one-shot that arrived after it; one-shots
     start no turn bound (they are not programs ahead of it in any order)."""
-    c, ledger, clock = controller(pressure_policy="hold", max_turn_delay_s=5.0)
+    c, ledger, clock = controller(pressure_policy="hold", max_turn_aging_s=5.0)
     early = Req("o0", None, [7])
     c.on_arrival(early, None)
     clock.now = 1.0
@@ -409,7 +409,7 @@ def test_an_aged_turn_waiting_for_earlier_programs_pins_restarts_its_aging():
     anyway, so its aging restarts and the one-shots behind it are not
     counted as held back by pins."""
     requeued = []
-    c, ledger, clock = controller(pool_size=4, pressure_policy="hold", max_turn_delay_s=5.0,
+    c, ledger, clock = controller(pool_size=4, pressure_policy="hold", max_turn_aging_s=5.0,
                                   max_queue_delay_s=1.0)
     c.queue._requeue = requeued.append
     assert run(c, ledger, Req("a1", "A", [1, 2, 3]))  # A: 3 blocks pinned, 1 free

@@ -127,7 +127,8 @@ class PinController:
         # Where each waiting request goes in the queue, and who is overdue or entitled.
         self.queue = QueueRules(queue_order=config.queue_order, turns=self.turns, pins=self.pins,
                                 order=self.order, max_queue_delay_s=config.max_queue_delay_s,
-                                max_turn_delay_s=config.max_turn_delay_s, level=self.level,
+                                max_turn_delay_s=config.max_turn_delay_s,
+                                max_turn_aging_s=config.max_turn_aging_s, level=self.level,
                                 now=self.now, preempted_status=preempted_status,
                                 requeue=on_lane_change)
         self.releaser = PinReleaser(self.pins, ledger, stats, self.queue,

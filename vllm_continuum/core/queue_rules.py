@@ -25,7 +25,7 @@ stable within a step; these rules say where each request belongs in it:
   their pins are what the bound watches;
 - aged: a session's turn has been passed by requests without a session that
   arrived after it (`sessionless_first` puts them first) for
-  `max_turn_delay_s`: it goes before those that arrived after it and are not
+  `max_turn_aging_s`: it goes before those that arrived after it and are not
   overdue themselves. A turn that reaches the head this way and waits for
   earlier programs' pins waits as it would without them: its aging restarts;
 - entitled: its demand is a pin's cost (`pin_cost: pressure`), and a pin past
@@ -53,6 +53,7 @@ from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQu
 class QueueRules:
     def __init__(self, *, queue_order: str, turns: dict[str, Turn], pins: PinTable,
                  order: ProgramOrder, max_queue_delay_s: float, max_turn_delay_s: float,
+                 max_turn_aging_s: float,
                  level: Callable[[TurnRequest], int], now: Callable[[], float],
                  preempted_status: object, requeue: Callable[[TurnRequest], None]) -> None:
         """`turns`: the controller's turns by request id (shared, not copied);
@@ -63,7 +64,7 @@ class QueueRules:
         self.turns, self.pins, self.order = turns, pins, order
         self.bound = WaitingBound(max_queue_delay_s)  # keyed by arrival
         self.turn_bound = WaitingBound(max_turn_delay_s)  # keyed by program arrival
-        self.aging = WaitingBound(max_turn_delay_s)  # keyed by where a turn's aging counts from
+        self.aging = WaitingBound(max_turn_aging_s)  # keyed by where a turn's aging counts from
         self.level, self.now = level, now
         self._preempted = preempted_status
         self._requeue = requeue

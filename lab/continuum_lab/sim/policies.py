@@ -86,8 +86,10 @@ RELAXED: dict[str, dict[str, str]] = {
     "default-demand": {**OPEN_CAPS, **DEMAND},
     "forever-program-open-caps": {"TTL_POLICY": "forever", **OPEN_CAPS},
     # What ships with the turn bound (`max_turn_delay_s`) at 30 s, and off.
-    "turn30": {"MAX_TURN_DELAY_S": "30"},
-    "turn-off": {"MAX_TURN_DELAY_S": "inf"},
+    "turn30": {"MAX_TURN_DELAY_S": "30", "MAX_TURN_AGING_S": "30"},
+    "turn-off": {"MAX_TURN_DELAY_S": "inf", "MAX_TURN_AGING_S": "inf"},
+    "turn30-age-off": {"MAX_TURN_DELAY_S": "30", "MAX_TURN_AGING_S": "inf"},
+    "turn30-age120": {"MAX_TURN_DELAY_S": "30", "MAX_TURN_AGING_S": "120"},
 }
 
 # Baseline label -> its TTL policy ("oracle*" get an oracle TTL policy, oracle.py).
