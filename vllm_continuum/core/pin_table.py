@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
+_NO_REFS: Counter = Counter()  # a session without pins (read only)
+
+
 class ReleaseReason(str, Enum):
     RESUMED = "resumed"  # handed to the session's next turn
     EXPIRED = "expired"  # TTL passed with no next turn
@@ -169,7 +172,7 @@ class PinTable:
 
     def session_count_with(self, session: str, add: Iterable[int], without: Sequence[Pin] = ()) -> int:
         """The same, for the pins of one session."""
-        return _count_with(self._session_refs.get(session, Counter()), add, without)
+        return _count_with(self._session_refs.get(session, _NO_REFS), add, without)
 
     def session_holds(self, session: str, block_id: int, without: Sequence[Pin] = ()) -> bool:
         """Whether a pin of `session` other than `without` holds the block."""
@@ -317,6 +320,8 @@ class PinTable:
 
 
 def _count_with(refs: Counter, add: Iterable[int], without: Sequence[Pin]) -> int:
+    if not without:  # the common case: no Counter built
+        return len(refs) + len({b for b in add if b not in refs})
     going = Counter(b for p in without for b in p.block_id_set)
     gone = {b for b, n in going.items() if n >= refs.get(b, 0)}
     new = {b for b in add if b not in refs or b in gone}

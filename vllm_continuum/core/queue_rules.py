@@ -138,12 +138,13 @@ class QueueRules:
         return self.turn_overdue(request)
 
     def turn_overdue(self, request: TurnRequest) -> bool:
-        return not self.bounded(request) and self.turn_bound.overdue(
+        # An infinite bound (the default) is never passed: nothing to look up.
+        return not self.turn_bound.off and not self.bounded(request) and self.turn_bound.overdue(
             self.program_arrival(request), self.level(request), self.now())
 
     def aged(self, request: TurnRequest) -> bool:
         """Later requests without a session have gone ahead of this turn for its bound."""
-        return not self.bounded(request) and self.aging.overdue(
+        return not self.aging.off and not self.bounded(request) and self.aging.overdue(
             self.aging_from(request), self.level(request), self.now())
 
     def went_ahead(self, request: TurnRequest) -> None:
