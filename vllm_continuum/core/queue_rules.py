@@ -82,6 +82,7 @@ class QueueRules:
             program_of=self.program_arrival,
             aging_from=self.aging_from,
             aged=self.aged,
+            turn_bounded=not (self.turn_bound.off and self.aging.off),
         )
 
     def lane_of(self, request: TurnRequest) -> int:
@@ -153,8 +154,9 @@ class QueueRules:
         level, now, arrival = self.level(request), self.now(), self.arrival(request)
         self.bound.went_ahead(arrival, level, now)
         if self.bounded(request):
-            self.aging.went_ahead(arrival, level, now)
-        elif not self._continued_its_pin(request):
+            if not self.aging.off:  # an infinite bound's marks are never read
+                self.aging.went_ahead(arrival, level, now)
+        elif not self.turn_bound.off and not self._continued_its_pin(request):
             self.turn_bound.went_ahead(self.program_arrival(request), level, now)
 
     def _continued_its_pin(self, request: TurnRequest) -> bool:
