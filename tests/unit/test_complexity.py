@@ -90,3 +90,30 @@ def test_a_failed_allocation_reads_only_the_pins_it_releases(monkeypatch):
         preempted=False, waiting=True, anything_running=True)
     assert result == "blocks" and len(c.pins) == n - 1  # the latest program's pin went
     assert read["pins"] <= 2, read
+
+
+def test_with_the_turn_bound_off_a_queued_turn_is_in_one_heap():
+    """max_turn_delay_s is off (inf) by default: no turn is ever overdue or
+    aged, so a queued turn is kept in the lane heap only (it used to be in two
+    more heaps, the turn bound's and aging's, each entry later popped stale: a
+    step's `firsts` read them all). The order is the same either way."""
+    import math
+
+    n, popped = 1000, {}
+    for delay, entries_per_turn in ((math.inf, 1), (3600.0, 3)):
+        c, ledger, clock = controller(pool_size=10 * n, max_turn_delay_s=delay)
+        queue = c.queue.lane_queue()
+        requests = [Req(f"r{i}", f"S{i % 7}", [3 * i, 3 * i + 1]) for i in range(n)]
+        for i, r in enumerate(requests):
+            clock.now = float(i)
+            c.on_arrival(r, {"continuum_tool": "t"})
+            queue.add_request(r)
+        entries = len(queue._heap) + sum(map(len, queue._aging.values()))
+        assert entries == entries_per_turn * n, entries
+        order = []
+        while queue:
+            r = queue.pop_request()
+            order.append(r.request_id)
+            c.after_step([(r, 0)], queue.firsts())
+        popped[delay] = order
+    assert popped[math.inf] == popped[3600.0]

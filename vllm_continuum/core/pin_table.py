@@ -17,13 +17,15 @@ each pin their ids.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+
+
+_NO_REFS: Counter = Counter()  # a session without pins (read only)
 
 
 class ReleaseReason(str, Enum):
@@ -86,14 +88,15 @@ class Pin:
     contested_at: float = float("inf")
     # Queued requests (by id) whose context it holds: the pinned lane's turns.
     waiters: dict[str, object] = field(default_factory=dict, compare=False)
+    block_id_set: frozenset[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.block_id_set = frozenset(self.block_ids)
 
     @property
     def num_blocks(self) -> int:
         return len(self.block_ids)
 
-    @functools.cached_property
-    def block_id_set(self) -> frozenset[int]:
-        return frozenset(self.block_ids)
 
     @property
     def ttl_s(self) -> float:
@@ -169,12 +172,12 @@ class PinTable:
 
     def session_count_with(self, session: str, add: Iterable[int], without: Sequence[Pin] = ()) -> int:
         """The same, for the pins of one session."""
-        return _count_with(self._session_refs.get(session, Counter()), add, without)
+        return _count_with(self._session_refs.get(session, _NO_REFS), add, without)
 
     def session_holds(self, session: str, block_id: int, without: Sequence[Pin] = ()) -> bool:
         """Whether a pin of `session` other than `without` holds the block."""
-        held = self._session_refs.get(session, {}).get(block_id, 0)
-        return held > sum(1 for p in without if block_id in p.block_id_set)
+        held = self._session_refs.get(session, _NO_REFS).get(block_id, 0)
+        return held > (sum(1 for p in without if block_id in p.block_id_set) if without else 0)
 
     # --- membership ---------------------------------------------------------
     def get(self, session_id: str | None) -> Pin | None:
@@ -202,8 +205,8 @@ class PinTable:
         if pin.hashes:
             self._tails.setdefault(pin.session_id, {}).setdefault(pin.hashes[-1], []).append(pin)
         blocks = pin.block_id_set
-        self._refs.update(blocks)
-        self._session_refs.setdefault(pin.session_id, Counter()).update(blocks)
+        _increment(self._refs, blocks)
+        _increment(self._session_refs.setdefault(pin.session_id, Counter()), blocks)
         heapq.heappush(self._deadlines, (pin.expires_at, pin.seq, pin.request_id))
         heapq.heappush(self._release, ((-pin.session_arrival, -pin.seq), pin.seq, pin.request_id))
         heapq.heappush(self._oldest, ((pin.session_arrival, pin.seq), pin.seq, pin.request_id))
@@ -235,8 +238,10 @@ class PinTable:
         """The pin of `session_id` whose context a prompt with these block
         hashes continues: the longest anchor reached, then the newest pin."""
         best = None
-        for pin in self.all_continued_by(session_id, hashes):
-            if best is None or (pin.anchor.num_blocks, pin.seq) > (best.anchor.num_blocks, best.seq):
+        for pin in self._candidates(self._anchors, session_id, hashes):  # unsorted: a max
+            anchor = pin.anchor
+            if anchor is not None and anchor.continued_by(hashes) and (
+                    best is None or (anchor.num_blocks, pin.seq) > (best.anchor.num_blocks, best.seq)):
                 best = pin
         return best
 
@@ -251,14 +256,18 @@ class PinTable:
         return self._matching(self._tails, session_id, hashes, lambda p: p.subsumed_by(hashes))
 
     def _matching(self, index, session_id, hashes, test) -> list[Pin]:
+        return sorted((p for p in self._candidates(index, session_id, hashes) if test(p)),
+                      key=lambda p: p.seq)
+
+    def _candidates(self, index, session_id, hashes) -> Iterable[Pin]:
+        """The session's pins indexed under one of `hashes` in `index` (each once),
+        or all its pins if they are fewer than the hashes."""
         by_hash = index.get(session_id) if session_id is not None else None
         if not by_hash:
-            return []
+            return ()
         if len(hashes) < len(self._by_session[session_id]):
-            found = [p for h in dict.fromkeys(hashes) for p in by_hash.get(h, ())]
-        else:
-            found = list(self._by_session[session_id].values())
-        return sorted((p for p in found if test(p)), key=lambda p: p.seq)
+            return [p for h in dict.fromkeys(hashes) for p in by_hash.get(h, ())]
+        return self._by_session[session_id].values()
 
     # --- time -----------------------------------------------------------------
     def expired(self, now: float) -> list[Pin]:
@@ -317,6 +326,8 @@ class PinTable:
 
 
 def _count_with(refs: Counter, add: Iterable[int], without: Sequence[Pin]) -> int:
+    if not without:  # the common case: no Counter built
+        return len(refs) + len({b for b in add if b not in refs})
     going = Counter(b for p in without for b in p.block_id_set)
     gone = {b for b, n in going.items() if n >= refs.get(b, 0)}
     new = {b for b in add if b not in refs or b in gone}
@@ -338,6 +349,13 @@ def _discard_from_list(index: dict, session, key, pin: Pin) -> None:
         del by_hash[key]
         if not by_hash:
             del index[session]
+
+
+def _increment(counter: Counter, keys: Iterable) -> None:
+    """`counter.update(keys)` without Counter.update's per-call isinstance(Mapping)."""
+    get = counter.get
+    for key in keys:
+        counter[key] = get(key, 0) + 1
 
 
 def _decrement(counter: Counter, key) -> None:

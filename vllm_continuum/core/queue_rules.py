@@ -83,6 +83,7 @@ class QueueRules:
             program_of=self.program_arrival,
             aging_from=self.aging_from,
             aged=self.aged,
+            turn_bounded=not (self.turn_bound.off and self.aging.off),
         )
 
     def lane_of(self, request: TurnRequest) -> int:
@@ -139,12 +140,13 @@ class QueueRules:
         return self.turn_overdue(request)
 
     def turn_overdue(self, request: TurnRequest) -> bool:
-        return not self.bounded(request) and self.turn_bound.overdue(
+        # An infinite bound (the default) is never passed: nothing to look up.
+        return not self.turn_bound.off and not self.bounded(request) and self.turn_bound.overdue(
             self.program_arrival(request), self.level(request), self.now())
 
     def aged(self, request: TurnRequest) -> bool:
         """Later requests without a session have gone ahead of this turn for its bound."""
-        return not self.bounded(request) and self.aging.overdue(
+        return not self.aging.off and not self.bounded(request) and self.aging.overdue(
             self.aging_from(request), self.level(request), self.now())
 
     def went_ahead(self, request: TurnRequest) -> None:
@@ -153,8 +155,9 @@ class QueueRules:
         level, now, arrival = self.level(request), self.now(), self.arrival(request)
         self.bound.went_ahead(arrival, level, now)
         if self.bounded(request):
-            self.aging.went_ahead(arrival, level, now)
-        elif not self._continued_its_pin(request):
+            if not self.aging.off:  # an infinite bound's marks are never read
+                self.aging.went_ahead(arrival, level, now)
+        elif not self.turn_bound.off and not self._continued_its_pin(request):
             self.turn_bound.went_ahead(self.program_arrival(request), level, now)
 
     def _continued_its_pin(self, request: TurnRequest) -> bool:

@@ -38,6 +38,7 @@ without a session.
 from __future__ import annotations
 
 import bisect
+import math
 
 
 class WaitingBound:
@@ -46,6 +47,11 @@ class WaitingBound:
         # Per priority level: mark times, and the latest enqueue time admitted by then.
         self._times: dict[int, list[float]] = {}
         self._latest: dict[int, list[float]] = {}
+
+    @property
+    def off(self) -> bool:
+        """An infinite bound: nobody is ever overdue (its marks are still kept)."""
+        return self.max_delay_s == math.inf
 
     def went_ahead(self, enqueued_at: float, level: int, now: float) -> None:
         """A request enqueued at `enqueued_at` was admitted (or held at the

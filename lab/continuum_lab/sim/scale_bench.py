@@ -270,7 +270,10 @@ def run_scenario(scn: Scenario, n: int, model_dir: str, steps: int, budgets: dic
             for side in sides:
                 if side.aborted is None:
                     _run_batch(side, batch, max_steps)
-        gc.freeze()  # as vLLM's engine core does after start-up: setup's objects are not rescanned
+        # As vLLM's engine core does after start-up (freeze_gc_heap): collect, then freeze, so
+        # that no full collection of earlier scenarios' heap lands in a measured step.
+        gc.collect()
+        gc.freeze()
         try:
             _measure(sides, scn, g, n, steps, bar)
             if scn.key == "e" and sides[0].aborted is None:
