@@ -92,16 +92,17 @@ def test_a_failed_allocation_reads_only_the_pins_it_releases(monkeypatch):
     assert read["pins"] <= 2, read
 
 
-def test_with_the_turn_bound_off_a_queued_turn_is_in_one_heap():
-    """max_turn_delay_s is off (inf) by default: no turn is ever overdue or
-    aged, so a queued turn is kept in the lane heap only (it used to be in two
-    more heaps, the turn bound's and aging's, each entry later popped stale: a
-    step's `firsts` read them all). The order is the same either way."""
+def test_a_queued_turn_is_kept_only_in_the_heaps_of_its_bounds_that_are_on():
+    """A bound that is off (inf; aging by default) is never passed, so a queued
+    turn is not kept in its heap (each entry would later be popped stale: a
+    step's `firsts` reads them all). The order is the same either way."""
     import math
 
     n, popped = 1000, {}
-    for delay, entries_per_turn in ((math.inf, 1), (3600.0, 3)):
-        c, ledger, clock = controller(pool_size=10 * n, max_turn_delay_s=delay)
+    for delay, aging, entries_per_turn in ((math.inf, math.inf, 1), (3600.0, math.inf, 2),
+                                           (3600.0, 3600.0, 3)):
+        c, ledger, clock = controller(pool_size=10 * n, max_turn_delay_s=delay,
+                                      max_turn_aging_s=aging)
         queue = c.queue.lane_queue()
         requests = [Req(f"r{i}", f"S{i % 7}", [3 * i, 3 * i + 1]) for i in range(n)]
         for i, r in enumerate(requests):
@@ -115,5 +116,5 @@ def test_with_the_turn_bound_off_a_queued_turn_is_in_one_heap():
             r = queue.pop_request()
             order.append(r.request_id)
             c.after_step([(r, 0)], queue.firsts())
-        popped[delay] = order
-    assert popped[math.inf] == popped[3600.0]
+        popped[entries_per_turn] = order
+    assert popped[1] == popped[2] == popped[3]

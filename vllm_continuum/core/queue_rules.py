@@ -83,7 +83,7 @@ class QueueRules:
             program_of=self.program_arrival,
             aging_from=self.aging_from,
             aged=self.aged,
-            turn_bounded=not (self.turn_bound.off and self.aging.off),
+            turn_bounds=(not self.turn_bound.off, not self.aging.off),
         )
 
     def lane_of(self, request: TurnRequest) -> int:

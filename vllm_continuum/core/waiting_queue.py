@@ -73,15 +73,15 @@ class LaneQueue(Generic[R]):
         program_of: Callable[[R], float] = lambda r: 0.0,
         aging_from: Callable[[R] , float] | None = None,
         aged: Callable[[R], bool] = lambda r: False,
-        turn_bounded: bool = True,
+        turn_bounds: tuple[bool, bool] = (True, True),
     ) -> None:
         """`bounded`: whether a request has the waiting bound (else it has the
         turn bound and aging); `program_of`: its program's place in arrival
         order (the turn bound's order); `aging_from`: where a turn's aging
         counts from (default: its enqueue time); `overdue`, `aged`: whether its
         bound, or its aging, has passed (asked only of the first of each to be
-        overdue); `turn_bounded`: False if turns are never overdue nor aged (the
-        turn bound is off), so that their heaps are not kept."""
+        overdue); `turn_bounds`: whether turns can be overdue (the turn bound)
+        and aged (aging): the heap of one that is off is not kept."""
         self._lane_of = lane_of
         self._key_of = key_of
         self._enqueued_at = enqueued_at
@@ -91,7 +91,7 @@ class LaneQueue(Generic[R]):
         self._program_of = program_of
         self._aging_from = aging_from or enqueued_at
         self._aged_out = aged
-        self._turn_bounded = turn_bounded
+        self._turn_bounds = turn_bounds
         self._tokens = itertools.count()
         self._ends = itertools.count(1)  # preempted lane: prepend < 0 < append
         self._members: dict[int, tuple[int, R, int]] = {}  # id -> (token, request, aging entries)
@@ -201,11 +201,11 @@ class LaneQueue(Generic[R]):
             enqueued = self._enqueued_at(request)
             if self._bounded(request):
                 ages = [(WAITING_BOUND, (enqueued,))]
-            elif self._turn_bounded:
-                ages = [(TURN_BOUND, (self._program_of(request), enqueued)),
-                        (AGING, (self._aging_from(request), enqueued))]
             else:
-                ages = []
+                turn_bound, aging = self._turn_bounds
+                ages = [(TURN_BOUND, (self._program_of(request), enqueued))] if turn_bound else []
+                if aging:
+                    ages.append((AGING, (self._aging_from(request), enqueued)))
         for bound, age_key in ages:
             heapq.heappush(self._aging.setdefault((bound, priority), []), (age_key, token, request))
         self._members[id(request)] = (token, request, len(ages))
