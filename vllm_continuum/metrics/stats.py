@@ -46,6 +46,9 @@ class ContinuumStats:
     resume_cached_tokens: int = 0
     invalid_hints: int = 0
     pins_refused_by_cap: int = 0
+    # Revisited TTLs (a revisable pin's TTL passed and its policy decided
+    # again), by (tool label, "held" or "released").
+    ttl_revisits: Counter[tuple[str, str]] = field(default_factory=Counter)
     # Requests continuing a session whose earlier turn ran on another engine
     # (vllm_continuum.core.affinity): a router broke the session's affinity.
     affinity_misses: int = 0
@@ -121,6 +124,10 @@ class ContinuumStats:
     def on_ttl_decision(self, tool: str, ttl_s: float, source: str) -> None:
         self._keep(self.ttl_decisions, (tool, ttl_s, source))
         self.ttl_seconds.observe(self._tool_label(tool), max(0.0, ttl_s))
+        self._changes += 1
+
+    def on_ttl_revisit(self, tool: str, more_s: float) -> None:
+        self.ttl_revisits[(self._tool_label(tool), "held" if more_s > 0 else "released")] += 1
         self._changes += 1
 
     def on_tool_duration(self, tool: str, seconds: float) -> None:

@@ -67,6 +67,7 @@ class CellSpec(BaseModel):
     cost_model: str
     programs: int = Field(ge=1)
     loads: dict[str, float | Load]  # load name -> arrival rate (programs/s), or a Load
+    num_blocks: int | None = Field(None, ge=1)  # the KV pool, instead of the cost model's
 
     def load(self, name: str) -> Load:
         value = self.loads[name]
@@ -230,7 +231,7 @@ def plot_heatmap(cells: dict[str, dict[str, dict]], out: Path) -> Path:
 def _cell_seed(cell: CellSpec, load: str, rate: float, seed: int, policies: Sequence[str],
                profiles: dict[str, Path]) -> list[dict]:
     """Every policy on one cell's trace of one seed: the unit of work of `run_matrix`."""
-    cost = load_cost_model(cell.cost_model)
+    cost = load_cost_model(cell.cost_model).with_pool(cell.num_blocks)
     profile = profiles[cell.cost_model]
     name = cell_name(cell, load, rate)
     trace = load_trace(cell.workload, num_programs=cell.load(load).programs, arrival_rate=rate,
@@ -245,7 +246,8 @@ def _cell_seed(cell: CellSpec, load: str, rate: float, seed: int, policies: Sequ
 
 def cell_name(cell: CellSpec, load: str, rate: float) -> str:
     programs = cell.load(load).programs
-    return f"{cell.workload} {load} ({rate}/s, {programs} programs, {cell.cost_model})"
+    pool = f", {cell.num_blocks} blocks" if cell.num_blocks is not None else ""
+    return f"{cell.workload} {load} ({rate}/s, {programs} programs, {cell.cost_model}{pool})"
 
 
 def run_matrix(
