@@ -135,7 +135,7 @@ class PinController:
         revisit = None
         if hasattr(policy, "revisit"):
             def revisit(pin: Pin, now: float) -> float:
-                pool = pool_state(lambda r: True)
+                pool = pool_state(self.queue.entitled)
                 own = marginal_blocks(pin.block_ids, ledger.ref_count) if demand_exceeds_free(pool) else 0
                 more = policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens,
                                       pin_pressure(pool, own))

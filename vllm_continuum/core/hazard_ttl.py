@@ -1,31 +1,34 @@
 """A tool-aware retention rule: keep a pin while its expected saving beats
 what its memory would earn elsewhere, re-decided as the pause goes on.
 
-At elapsed time a into a tool call of tool f (0 when the turn ends), the
-pin is held to the horizon h in (a, a + rest of `max_ttl_s`] that maximises
+At elapsed time a into a call of tool f (0 when the turn ends), the pin is
+held to the horizon h in (a, max_ttl_s] that maximises
 
     P(D <= h | D > a) * B  -  c * E[min(D, h) - a | D > a]
 
-or released now if no horizon has positive value. D is f's duration; B the
-time reuse saves, the reload (`PrefillReload`, the context's prefill) plus
+or released now if no horizon has a positive value. D is f's duration; B
+what reuse saves, the reload (`PrefillReload`, the context's prefill) plus
 T, the measured mean queueing delay of turns that came back to find their
-context gone; c in [0, 1] the contention: the fraction of the pin's own
-blocks that the waiting requests need beyond the free pool (0 on a pool
-with room: holding costs nothing, and the pin is kept as `forever` keeps
-it). The cost is the memory-time the pin is expected to hold from now,
-not the whole horizon: a pin whose tool returns early stops costing then.
+context gone. The cost is the memory-time the pin is expected to hold from
+now (a pin whose tool returns early stops costing then), at the price c:
+the fraction of the pin's own blocks that waiting requests entitled to
+pinned memory (one-shots, preempted requests: `QueueRules.entitled`) need
+beyond the free pool, and at least `idle_cost`. Programs that arrived later
+are not entitled (under program admission they wait for room anyway), so
+without one-shots or preemptions a pin costs only `idle_cost`: a tool that
+may return within the cap is held as `forever` holds it, and one that
+cannot (its recorded calls outlast what is left of `max_ttl_s`) is not.
 
 The decision is revisited: the pin's TTL is the chosen horizon, at most
-`revisit_s` ahead, and at that TTL the controller asks again
+`revisit_s` ahead, and when it passes the pin releaser asks again
 (`revisit`) with the elapsed time conditioned on and the contention of
-that moment. A tool that has already run long is likely slow: once its
-history says it will not return within what is left of `max_ttl_s`, the
-pin goes, whatever the cost.
+that moment. A call that has already run long is likely a slow one: once
+the calls that took that long mostly outlasted the cap, the pin goes.
 
-D's distribution is the tool's own recorded durations shrunk toward the
-all-tools ones by `prior_samples` pseudo-samples (weights n / (n + k0)), so
-a tool's own calls count from the first few. With no durations recorded at
-all the rule holds (as `forever`) and revisits.
+D's distribution is the tool's own recorded durations mixed with all tools'
+by `prior_samples` pseudo-samples (weights n / (n + k0)), so a tool's own
+calls count from the first few. With no duration recorded at all the rule
+holds (as `forever`) and looks again after `revisit_s`.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ class HazardTTLPolicy(TTLPolicy):
     """The retention rule of the module's docstring (`ttl_policy: hazard`)."""
 
     name = "hazard"
-    reads_pool = True  # PinMaker passes the pool's state with every waiting request counted
+    reads_pool = True  # PinMaker passes the pool's state as the entitled requests need it
 
     def __init__(
         self,
@@ -100,12 +103,14 @@ class HazardTTLPolicy(TTLPolicy):
         *,
         prior_samples: float = 3.0,
         revisit_s: float = 5.0,
+        idle_cost: float = 0.02,
     ) -> None:
         super().__init__(max_ttl_s)
         self.workload = workload
         self.profile = profile
         self.prior_samples = prior_samples
         self.revisit_s = revisit_s
+        self.idle_cost = idle_cost
 
     def profile_note(self, max_model_len: int) -> str | None:
         return self.profile.clamp_note(max_model_len)
@@ -137,8 +142,8 @@ class HazardTTLPolicy(TTLPolicy):
             return min(rest, self.revisit_s), "no durations"
         history = self.workload.durations.of(tool)
         source = "tool+all durations" if history is not None and len(history) else "all durations"
-        h = best_horizon(parts, elapsed, limit, self.benefit_s(num_context_tokens),
-                         max(0.0, min(1.0, contention)))
+        cost = max(self.idle_cost, min(1.0, contention))
+        h = best_horizon(parts, elapsed, limit, self.benefit_s(num_context_tokens), cost)
         if h <= elapsed:
             return 0.0, source
         return min(h - elapsed, self.revisit_s), source

@@ -126,8 +126,8 @@ class PinMaker:
     def _ttl(self, turn: TurnEnd, kept_ids: tuple[int, ...]) -> tuple[float, float | None, bool]:
         """(TTL, contested TTL, revisable) of a pin of `kept_ids`, as the policy decides."""
         if getattr(self.ttl_policy, "reads_pool", False) and turn.hinted_ttl_s is None:
-            # Contention counts every waiting request: whoever the memory would go to.
-            pool = self.pool_state(lambda r: True)
+            # Contention counts the waiting requests entitled to pinned memory.
+            pool = self.pool_state(self.queue.entitled)
             own = marginal_blocks(kept_ids, self.ledger.ref_count) if demand_exceeds_free(pool) else 0
             turn = replace(turn, pool=pool, marginal_blocks=own)
         elif self.config.pin_cost == "pressure":

@@ -269,17 +269,26 @@ def run_matrix(
         profiles[name] = prepare_profile(load_cost_model(name), where)
     tasks = [(c, ld, rate, seed) for c, ld, rate in grid for seed in seeds]
     results: dict[int, list[dict]] = {}
+    # Every finished (cell, seed) task's rows, as they come: an interrupted run
+    # keeps them (`--from-json` renders this file too).
+    partial = out_dir / "rows.jsonl"
+    partial.write_text("")
+
+    def done(i: int, rows: list[dict]) -> None:
+        results[i] = rows
+        with partial.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        bar.update()
+
     with tqdm(total=len(tasks), desc="matrix", unit="cell x seed") as bar:
         if jobs <= 1:
             for i, t in enumerate(tasks):
-                results[i] = _cell_seed(*t, policies, profiles)
-                bar.update()
+                done(i, _cell_seed(*t, policies, profiles))
         else:
             with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
                 futures = {pool.submit(_cell_seed, *t, policies, profiles): i for i, t in enumerate(tasks)}
                 for future in as_completed(futures):
-                    results[futures[future]] = future.result()
-                    bar.update()
+                    done(futures[future], future.result())
     rows = [r for i in range(len(tasks)) for r in results[i]]
     (out_dir / "matrix.json").write_text(json.dumps({"rows": rows, "seeds": seeds}, indent=1))
     footer = [f"total wall time: {time.perf_counter() - started:.0f} s in {max(jobs, 1)} processes"]
