@@ -38,27 +38,49 @@ def main() -> None:
         for d in spec.duration_s.sample(rng, 200):
             workload.durations.add(tool, float(d))
     workload.queueing.add(5.0)
-    policy = HazardTTLPolicy(workload, PrefillProfile(), max_ttl_s=30.0, revisit_s=1e9)
+    policy = HazardTTLPolicy(workload, PrefillProfile(), max_ttl_s=30.0)  # revisits every 5 s
+    tools = (("view", "tab:green"), ("browse", "tab:blue"), ("ci", "tab:red"))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), height_ratios=(1, 1.1))
+    # Top: what the rule conditions on, P(the call returns within the rest of
+    # the cap | it has run a seconds), from the mixture the rule reads.
     elapsed = np.linspace(0, 30, 301)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-    for ax, (label, contention) in zip(axes, (("quiet pool (nobody entitled waits)", 0.0),
-                                              ("contested pool (one-shots need the blocks)", 1.0))):
-        for tool, colour in (("view", "tab:green"), ("browse", "tab:blue"), ("ci", "tab:red")):
-            until = []
-            for a in elapsed:
-                more = policy.revisit(tool, float(a), TOKENS, contention)
-                until.append(a + more if more > 0 else np.nan)
-            ax.plot(elapsed, until, color=colour, label=f"{tool}: held until")
-            released = elapsed[np.isnan(until)]
-            if len(released):
-                ax.scatter(released[:1], released[:1], color=colour, marker="x", s=60, zorder=3,
-                           label=f"{tool}: released at {released[0]:.1f} s")
-        ax.plot([0, 30], [0, 30], color="grey", lw=0.5, ls=":")
-        ax.set_title(label, fontsize=10)
-        ax.set_xlabel("time the call has run so far (s)")
-        ax.legend(fontsize=7, loc="lower right")
-    axes[0].set_ylabel("horizon the pin is held to (s)\n(blank: released)")
-    fig.suptitle("ttl_policy: hazard, decided again as the call runs (max_ttl_s 30)", fontsize=11)
+    for tool, colour in tools:
+        parts = policy.parts(tool)
+        p = []
+        for a in elapsed:
+            alive = sum(w * sum(1 for x in s if x > a) / len(s) for w, s in parts if s)
+            back = sum(w * sum(1 for x in s if a < x <= 30) / len(s) for w, s in parts if s)
+            p.append(back / alive if alive > 0 else 0.0)
+        top.plot(elapsed, p, color=colour, label=tool)
+    top.set_ylabel("P(returns by 30 s |\nstill running at t)")
+    top.set_xlim(0, 31)
+    top.legend(fontsize=8)
+    top.set_title("what the rule conditions on", fontsize=10)
+    # Bottom: a pin of a call that has not returned, followed from the turn's
+    # end: each bar is one TTL the rule gave (a decision), x where it let go.
+    rows = []
+    for tool, colour in tools:
+        for label, contention in (("quiet", 0.0), ("contested", 1.0)):
+            rows.append((f"{tool}, {label}", colour, tool, contention))
+    for y, (name, colour, tool, contention) in enumerate(rows):
+        t = 0.0
+        while True:
+            more = policy.revisit(tool, t, TOKENS, contention)
+            if more <= 0:
+                break
+            bottom.barh(y, more, left=t, color=colour, alpha=0.35 if "quiet" in name else 0.8,
+                        edgecolor="black", linewidth=0.6)
+            t += more
+        bottom.scatter([t], [y], marker="x", color="black", zorder=3)
+        bottom.text(t + 0.4, y, f"released at {t:.1f} s", va="center", fontsize=7)
+    bottom.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    bottom.invert_yaxis()
+    bottom.set_xlim(0, 36)
+    bottom.set_xlabel("seconds since the turn ended (the call has not returned)")
+    bottom.set_title("the pin's TTLs, one bar per decision (quiet: nobody entitled waits; "
+                     "contested: one-shots need its blocks)", fontsize=9)
+    fig.suptitle("ttl_policy: hazard, max_ttl_s 30: a fast tool (view), a mostly-returning slow one "
+                 "(browse), one that never returns in time (ci)", fontsize=9)
     fig.tight_layout()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(OUT, dpi=110)
