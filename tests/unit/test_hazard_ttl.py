@@ -58,6 +58,8 @@ def value(parts, elapsed, h, benefit, cost):
         ([1.0, 10.0, 25.0, 100.0], 0.0, 30.0, 1.0, 0.0, 25.0),
         # contested and slow: 10 s of memory for a 2 s saving is not worth it
         ([10.0, 12.0], 0.0, 30.0, 2.0, 1.0, 0.0),
+        # a tie with releasing (0.5 * 2 - 1 = 0) goes to releasing
+        ([1.0, 100.0], 0.0, 30.0, 2.0, 1.0, 0.0),
         # already waited past every recorded call: nothing left to wait for
         ([1.0, 2.0], 5.0, 30.0, 100.0, 0.0, 5.0),
     ],
@@ -130,8 +132,8 @@ def test_the_decision_is_revisited_conditioned_on_the_elapsed_time():
     """Half the calls return in 1 s, half in 100 s: at first the pin is
     worth holding for the fast half; once 1 s has passed without a return,
     the call is a slow one and the pin goes."""
-    p = policy({"approval": [1.0, 100.0] * 10})
-    assert p.decide(turn("approval")).ttl_s == 1.0
+    p = policy({"approval": [1.0, 100.0] * 10}, queueing_s=1.0)  # B = 3 s
+    assert p.decide(turn("approval")).ttl_s == 1.0  # 0.5 * 3 - 1 s of expected hold > 0
     assert p.revisit("approval", 1.0, 1000, contention=1.0) == 0.0
     # At 10 s, with calls of 20 s among them, it holds on again, nobody waiting.
     p = policy({"approval": [1.0, 20.0, 100.0] * 10})
