@@ -50,6 +50,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from vllm_continuum.metrics.names import (
     AFFINITY_MISSES,
+    EXPIRED_PIN_BLOCK_SECONDS,
     INVALID_HINTS,
     KV_POOL_BLOCKS,
     PIN_HELD_SECONDS,
@@ -62,6 +63,8 @@ from vllm_continuum.metrics.names import (
     RESUME_PROMPT_TOKENS,
     RESUMES,
     TOOL_DURATION_SECONDS,
+    TOOL_PIN_OUTCOMES,
+    TTL_REVISITS,
     TTL_SECONDS,
 )
 
@@ -246,6 +249,26 @@ def build() -> dashboard.Dashboard:
         ],
         "s",
     )
+    handed_or_expired = rate(total(TOOL_PIN_OUTCOMES), ',outcome!="other"')
+    outcomes_by_tool = series(
+        "Pins by tool: handed over vs expired",
+        f"Pins released per second, by tool: resumed (the next turn took the blocks over) and "
+        f"expired (the TTL passed first; {total(TOOL_PIN_OUTCOMES)}). A tool whose pins mostly "
+        "expire outlasts its TTL: the pins hold memory for nothing.",
+        [q(f"sum by (tool, outcome) ({handed_or_expired})", "{{tool}} {{outcome}}")],
+        "ops",
+    )
+    waste_by_tool = series(
+        "Memory held by pins that expired, by tool",
+        f"KV blocks held on average by pins that later expired ({total(EXPIRED_PIN_BLOCK_SECONDS)}: "
+        "block-seconds per second), and, with ttl_policy: hazard, decisions revisited per second, "
+        "by tool and outcome (held on, or released).",
+        [
+            q(f"sum by (tool) ({rate(total(EXPIRED_PIN_BLOCK_SECONDS))})", "{{tool}} blocks wasted", "A"),
+            q(f"sum by (tool, decision) ({rate(total(TTL_REVISITS))})", "{{tool}} revisit {{decision}}/s", "B"),
+        ],
+        "short",
+    )
     held = series(
         "Pin held time (p50, p90)",
         "How long pins held their blocks before release (an expired pin counts its TTL).",
@@ -404,6 +427,8 @@ def build() -> dashboard.Dashboard:
         .with_panel(ttl_dist)
         .with_panel(tool_dist)
         .with_panel(ttl_by_tool)
+        .with_panel(outcomes_by_tool)
+        .with_panel(waste_by_tool)
         .with_panel(held)
         .with_panel(hints)
         .with_row(dashboard.Row("Cluster"))

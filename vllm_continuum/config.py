@@ -75,12 +75,13 @@ class ContinuumConfig(BaseSettings):
         frozen=True,
     )
 
-    ttl_policy: Literal["continuum", "fixed", "never", "forever"] = Field(
+    ttl_policy: Literal["continuum", "fixed", "never", "forever", "hazard"] = Field(
         "forever",
         description="Where TTLs come from. forever: until the next turn, the last turn or "
         "pressure, bounded by `max_ttl_s` (measured best, live and simulated: "
         "docs/ttl-model.md). continuum: the paper's cost/benefit model, learned online, at "
-        "the cost `pin_cost` says. fixed: `tool_ttl_s`, else `default_ttl_s`. never: no "
+        "the cost `pin_cost` says. hazard: the tool-aware retention rule, re-decided as the "
+        "pause goes on (docs/ttl-model.md). fixed: `tool_ttl_s`, else `default_ttl_s`. never: no "
         "pins (stock behaviour, for A/B runs).",
     )
     default_ttl_s: float = Field(2.0, ge=0, description="fixed: TTL of a tool without its own entry.")

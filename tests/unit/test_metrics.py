@@ -398,3 +398,40 @@ def test_dashboard_json_is_what_the_generator_builds():
         [sys.executable, str(generator), "--check"], capture_output=True, text=True, check=False
     )
     assert run.returncode == 0, run.stderr
+
+
+def test_per_tool_outcomes_waste_and_revisits_on_the_scrape(metrics_dir, clock):
+    """Per tool: pins handed over vs expired (other releases apart), the
+    block-seconds expired pins held, and the revisited decisions; tool
+    labels past MAX_TOOL_LABELS fold into OTHER_TOOL."""
+    e = Engine(clock)
+    for i in range(MAX_TOOL_LABELS):  # use up the distinct labels
+        e.stats.on_ttl_decision(f"t{i}", 1.0, "hint")
+    ci = e.pin("A", ttl=30, blocks=4, tool="t0")
+    clock.advance(31)
+    e.release(ci, ReleaseReason.EXPIRED)
+    view = e.pin("B", ttl=5, blocks=2, tool="t1")
+    e.release(view, ReleaseReason.RESUMED)
+    e.release(e.pin("C", ttl=5, blocks=2, tool="t1"), ReleaseReason.PRESSURE)
+    late = e.pin("D", ttl=2, blocks=3, tool="a client's 65th tool")
+    clock.advance(2)
+    e.release(late, ReleaseReason.EXPIRED)
+    e.stats.on_ttl_revisit("t0", 0.0)
+    e.stats.on_ttl_revisit("t1", 5.0)
+    e.stats.on_ttl_revisit("t1", 5.0)
+    e.publish(idle=True)
+    s = scrape(collector_at(clock, metrics_dir))
+    outcomes = "continuum_tool_pin_outcomes_total"
+    assert s[(outcomes, (("outcome", "expired"), ("tool", "t0")))] == 1
+    assert s[(outcomes, (("outcome", "resumed"), ("tool", "t1")))] == 1
+    assert s[(outcomes, (("outcome", "other"), ("tool", "t1")))] == 1
+    assert s[(outcomes, (("outcome", "expired"), ("tool", OTHER_TOOL)))] == 1
+    waste = "continuum_expired_pin_block_seconds_total"
+    assert s[(waste, (("tool", "t0"),))] == pytest.approx(4 * 30)  # its TTL, not the lazy release
+    assert s[(waste, (("tool", OTHER_TOOL),))] == pytest.approx(3 * 2)
+    assert (waste, (("tool", "t1"),)) not in s  # nothing of t1 expired
+    revisits = "continuum_ttl_revisits_total"
+    assert s[(revisits, (("decision", "released"), ("tool", "t0")))] == 1
+    assert s[(revisits, (("decision", "held"), ("tool", "t1")))] == 2
+    tools = {dict(labels).get("tool") for name, labels in s if name == outcomes}
+    assert len(tools) <= MAX_TOOL_LABELS + 1

@@ -36,8 +36,8 @@ from vllm_continuum.core.hints import NO_HINTS, Hints, parse_hints
 from vllm_continuum.core.ledger import BlockLedger
 from vllm_continuum.core.pin_maker import PinMaker, PinMakerEvents
 from vllm_continuum.core.pin_release import PinReleaser, ReleaseEvents
-from vllm_continuum.core.pin_table import Anchor, PinTable, ReleaseReason
-from vllm_continuum.core.pin_value import PoolState
+from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
+from vllm_continuum.core.pin_value import PoolState, demand_exceeds_free, marginal_blocks, pin_pressure
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.sessions import SessionRegistry, session_key
@@ -58,6 +58,7 @@ class PinEvents(PinMakerEvents, ReleaseEvents, Protocol):
     def on_resume(self, had_pin: bool, prompt_tokens: int, cached_tokens: int) -> None: ...
     def on_invalid_hints(self, count: int) -> None: ...
     def on_tool_duration(self, tool: str, seconds: float) -> None: ...
+    def on_ttl_revisit(self, tool: str, more_s: float) -> None: ...
 
 
 @dataclass
@@ -131,9 +132,18 @@ class PinController:
                                 max_turn_aging_s=config.max_turn_aging_s, level=self.level,
                                 now=self.now, preempted_status=preempted_status,
                                 requeue=on_lane_change)
+        revisit = None
+        if hasattr(policy, "revisit"):
+            def revisit(pin: Pin, now: float) -> float:
+                pool = pool_state(self.queue.entitled)
+                own = marginal_blocks(pin.block_ids, ledger.ref_count) if demand_exceeds_free(pool) else 0
+                more = policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens,
+                                      pin_pressure(pool, own))
+                stats.on_ttl_revisit(pin.tool, more)
+                return more
         self.releaser = PinReleaser(self.pins, ledger, stats, self.queue,
                                     pressure_policy=config.pressure_policy, step=lambda: self.step,
-                                    on_gone=self._pin_gone)
+                                    on_gone=self._pin_gone, revisit=revisit)
         # `pool_state`: the pool's free blocks and waiting demand, for `pin_cost:
         # pressure` (None: unknown, Eq. 2's cost), read only when a pin is decided.
         self.maker = PinMaker(config, policy, self.pins, ledger, self.releaser, self.queue, stats,

@@ -83,11 +83,13 @@ class PinMaker:
         anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
         ttl_s = 0.0
         contested_ttl_s = None
+        revisable = False
+        kept_tokens = 0
         if kept_ids and anchor is not None:
             # The TTL is decided on what the pin will actually keep.
             kept_tokens = min(request.num_tokens, kept * self.block_size)
-            ttl_s, contested_ttl_s = self._ttl(TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s),
-                                               kept_ids)
+            ttl_s, contested_ttl_s, revisable = self._ttl(
+                TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s), kept_ids)
         cap = int(self.config.max_pinned_fraction * self.ledger.pool_size)
         victims = cap_victims(self.pins, kept_ids, replaced, arrival, cap=cap) if ttl_s > 0 else None
         if victims is None:
@@ -114,14 +116,21 @@ class PinMaker:
             hashes=kept_hashes,
             fence=fence,
             contested_at=now + contested_ttl_s if contested_ttl_s is not None else float("inf"),
+            revisable=revisable,
+            context_tokens=kept_tokens,
         )
         self.pins.add(pin)
         self.stats.on_pin(pin)
         return pin
 
-    def _ttl(self, turn: TurnEnd, kept_ids: tuple[int, ...]) -> tuple[float, float | None]:
-        """(TTL, contested TTL) of a pin of `kept_ids`, as the policy decides."""
-        if self.config.pin_cost == "pressure":
+    def _ttl(self, turn: TurnEnd, kept_ids: tuple[int, ...]) -> tuple[float, float | None, bool]:
+        """(TTL, contested TTL, revisable) of a pin of `kept_ids`, as the policy decides."""
+        if getattr(self.ttl_policy, "reads_pool", False) and turn.hinted_ttl_s is None:
+            # Contention counts the waiting requests entitled to pinned memory.
+            pool = self.pool_state(self.queue.entitled)
+            own = marginal_blocks(kept_ids, self.ledger.ref_count) if demand_exceeds_free(pool) else 0
+            turn = replace(turn, pool=pool, marginal_blocks=own)
+        elif self.config.pin_cost == "pressure":
             # Counting the pin's own blocks is O(blocks): only where it is read.
             pool = self.pool_state(self.queue.entitled)
             own = marginal_blocks(kept_ids, self.ledger.ref_count) if demand_exceeds_free(pool) else 0
@@ -130,4 +139,4 @@ class PinMaker:
         self.stats.on_ttl_decision(turn.tool, decision.ttl_s, decision.source)
         logger.debug("continuum: session=%s tool=%s ttl=%.3fs source=%s",
                      turn.session_id, turn.tool, decision.ttl_s, decision.source)
-        return decision.ttl_s, decision.contested_ttl_s
+        return decision.ttl_s, decision.contested_ttl_s, decision.revisable

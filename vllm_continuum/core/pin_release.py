@@ -6,7 +6,8 @@
   counted, and its session's waiting turns change lane.
 - `release_expired`: its TTL passed. The TTL is a hard bound, but for one
   scheduling step of grace when the pinned context's next turn is already
-  queued (it is being admitted).
+  queued (it is being admitted). A revisable pin (TTLDecision.revisable) is
+  first offered to `revisit`, which may give it a new TTL.
 - `retry_with_pins_released`: an allocation failed for lack of blocks. The
   fewest pins that cover the shortfall go, in release order (latest-arriving
   program first), if the pressure policy allows (`pressure.py`); else only
@@ -56,6 +57,7 @@ class PinReleaser:
         pressure_policy: PressurePolicy,
         step: Callable[[], int],
         on_gone: Callable[[Pin], None],
+        revisit: Callable[[Pin, float], float] | None = None,
     ) -> None:
         """`queue`: who is overdue or entitled, and the clock, order and bounds
         it reads; `step`: the scheduling steps so far (an expired pin's grace is
@@ -64,6 +66,8 @@ class PinReleaser:
         self.pins, self.ledger, self.stats, self.queue = pins, ledger, stats, queue
         self.pressure_policy = pressure_policy
         self._step, self._on_gone = step, on_gone
+        # `revisit(pin, now)`: how much longer a revisable pin past its TTL is held (0: not).
+        self._revisit = revisit
 
     def release(self, pin: Pin, reason: ReleaseReason) -> None:
         if not self.pins.remove(pin):
@@ -86,7 +90,14 @@ class PinReleaser:
         """Pins past their TTL; one whose next turn is queued stays until step `grace_until`."""
         if not self.pins:
             return
-        for pin in self.pins.expired(self.queue.now()):
+        now = self.queue.now()
+        for pin in self.pins.expired(now):
+            if pin.revisable and not pin.waiters and self._revisit is not None:
+                more = self._revisit(pin, now)
+                if more > 0:
+                    pin.expires_at = now + more
+                    self.pins.requeue(pin)
+                    continue
             if pin.grace_step is None and pin.waiters:
                 pin.grace_step = grace_until
             if pin.grace_step is not None and self._step() <= pin.grace_step:

@@ -86,6 +86,10 @@ class Pin:
     # From then on it gives way to waiting requests that need its blocks
     # (`pin_cost: pressure`: where Eq. 2 at full cost would have ended it).
     contested_at: float = float("inf")
+    # Its TTL policy decides again when it expires (TTLDecision.revisable), on
+    # the tokens it holds.
+    revisable: bool = False
+    context_tokens: int = 0
     # Queued requests (by id) whose context it holds: the pinned lane's turns.
     waiters: dict[str, object] = field(default_factory=dict, compare=False)
     block_id_set: frozenset[int] = field(init=False, repr=False, compare=False)

@@ -65,6 +65,9 @@ class TTLDecision:
     # How long the pin is worth its memory once waiting requests need it (Eq. 2
     # at full cost): past this age it gives way to them. None: the whole TTL.
     contested_ttl_s: float | None = None
+    # The policy decides again when the TTL passes (`revisit`), instead of
+    # releasing the pin: its TTL is the next time to look, not the last.
+    revisable: bool = False
 
 
 class TTLPolicy(ABC):
@@ -230,6 +233,10 @@ def make_ttl_policy(config: ContinuumConfig, workload: WorkloadModel) -> TTLPoli
     profile = (
         PrefillProfile.load(config.prefill_profile) if config.prefill_profile else PrefillProfile()
     )
+    if config.ttl_policy == "hazard":
+        from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
+
+        return HazardTTLPolicy(workload, profile, config.max_ttl_s)
     return ContinuumTTLPolicy(
         workload, profile, config.cold_start_samples, config.max_ttl_s,
         prior_samples=config.prior_samples if config.duration_estimator == "shrunk" else None,

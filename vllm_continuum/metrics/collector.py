@@ -63,6 +63,9 @@ class Totals:
         self.invalid_hints = 0
         self.pins_refused = 0
         self.affinity_misses = 0
+        self.pin_outcomes_by_tool: Counter[tuple[str, str]] = Counter()
+        self.expired_block_seconds_by_tool: Counter[str] = Counter()
+        self.ttl_revisits: Counter[tuple[str, str]] = Counter()
         self.histograms = {
             "ttl_seconds": Histogram(),
             "tool_duration_seconds": Histogram(),
@@ -80,6 +83,12 @@ class Totals:
         self.invalid_hints += int(snap.get("invalid_hints", 0))
         self.pins_refused += int(snap.get("pins_refused", 0))
         self.affinity_misses += int(snap.get("affinity_misses", 0))
+        for tool, outcome, count in snap.get("pin_outcomes_by_tool", ()):
+            self.pin_outcomes_by_tool[(str(tool), str(outcome))] += int(count)
+        for tool, seconds in snap.get("expired_block_seconds_by_tool", {}).items():
+            self.expired_block_seconds_by_tool[str(tool)] += float(seconds)
+        for tool, decision, count in snap.get("ttl_revisits", ()):
+            self.ttl_revisits[(str(tool), str(decision))] += int(count)
         for name, hist in self.histograms.items():
             for label, row in snap.get(name, {}).items():
                 mine = hist.series.setdefault(label, [0] * (len(BUCKETS) + 1) + [0.0])
@@ -88,10 +97,14 @@ class Totals:
         # Seconds since the snapshot was written (system-wide monotonic clock).
         age = now - float(snap.get("mono", now))
         idle = bool(snap.get("idle"))
-        for blocks, left_s, ttl_s, held, *_ in snap.get("pins", ()):
+        for blocks, left_s, ttl_s, held, *rest in snap.get("pins", ()):
             if idle and not held and age >= left_s + EXPIRY_GRACE_S:
                 self.releases_by_reason["expired"] += 1
                 self.histograms["pin_held_seconds"].observe("", max(0.0, ttl_s))
+                if len(rest) >= 3:  # the engine counts it so when it releases it
+                    tool, own = str(rest[1]), float(rest[2])
+                    self.pin_outcomes_by_tool[(tool, "expired")] += 1
+                    self.expired_block_seconds_by_tool[tool] += own * max(0.0, ttl_s)
             else:
                 self.pinned_blocks += float(blocks)
                 self.pinned_sessions += 1
@@ -178,6 +191,26 @@ class ContinuumCollector:
             "reset, replaced (a newer turn of the same session pinned).",
             "reason", totals.releases_by_reason,
         )
+        yield by(
+            names.EXPIRED_PIN_BLOCK_SECONDS,
+            "KV block-seconds held by pins that expired before their session came back "
+            "(memory a TTL spent for nothing), by tool.",
+            "tool", totals.expired_block_seconds_by_tool,
+        )
+        for name, doc, second, values in (
+            (names.TOOL_PIN_OUTCOMES,
+             "Pins released, by tool and outcome: resumed (handed over to the next turn), "
+             "expired (TTL passed first), other (pressure, last turn, abort, reset, replaced).",
+             "outcome", totals.pin_outcomes_by_tool),
+            (names.TTL_REVISITS,
+             "TTLs decided again when a revisable pin's TTL passed (ttl_policy: hazard), by tool "
+             "and decision: held (a new TTL) or released.",
+             "decision", totals.ttl_revisits),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["model_name", "tool", second])
+            for (tool, key), count in sorted(values.items()):
+                family.add_metric([model, tool, key], count)
+            yield family
         yield by(
             names.RESUMES,
             "Requests of a session that had a previous turn, by whether its pin was still held.",

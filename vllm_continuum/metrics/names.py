@@ -16,6 +16,9 @@ RESUME_CACHED_TOKENS = "continuum_resume_cached_tokens"
 INVALID_HINTS = "continuum_invalid_hints"
 AFFINITY_MISSES = "continuum_affinity_misses"
 PINS_REFUSED = "continuum_pins_refused"
+TOOL_PIN_OUTCOMES = "continuum_tool_pin_outcomes"  # tool, outcome: resumed, expired, other
+EXPIRED_PIN_BLOCK_SECONDS = "continuum_expired_pin_block_seconds"  # tool
+TTL_REVISITS = "continuum_ttl_revisits"  # tool, decision: held, released
 
 # Gauges
 PINNED_BLOCKS = "continuum_pinned_blocks"

@@ -46,6 +46,13 @@ class ContinuumStats:
     resume_cached_tokens: int = 0
     invalid_hints: int = 0
     pins_refused_by_cap: int = 0
+    # Revisited TTLs (a revisable pin's TTL passed and its policy decided
+    # again), by (tool label, "held" or "released").
+    ttl_revisits: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # What each tool's pins came to, by (tool label, "resumed", "expired" or
+    # "other"), and the KV block-seconds held by pins that expired (waste).
+    pin_outcomes_by_tool: Counter[tuple[str, str]] = field(default_factory=Counter)
+    expired_block_seconds_by_tool: Counter[str] = field(default_factory=Counter)
     # Requests continuing a session whose earlier turn ran on another engine
     # (vllm_continuum.core.affinity): a router broke the session's affinity.
     affinity_misses: int = 0
@@ -102,6 +109,11 @@ class ContinuumStats:
         # An expired pin was useful for its TTL; the lazy release time is noise.
         held_s = pin.expires_at - pin.created_at if expired else now - pin.created_at
         self.pin_held_seconds.observe("", max(0.0, held_s))
+        tool = self._tool_label(pin.tool)
+        outcome = reason.value if reason in _NOT_RECLASSIFIED else "other"
+        self.pin_outcomes_by_tool[(tool, outcome)] += 1
+        if expired:
+            self.expired_block_seconds_by_tool[tool] += pin.num_blocks * max(0.0, held_s)
         self._changes += 1
 
     def on_resume(self, had_pin: bool, prompt_tokens: int, cached_tokens: int) -> None:
@@ -121,6 +133,10 @@ class ContinuumStats:
     def on_ttl_decision(self, tool: str, ttl_s: float, source: str) -> None:
         self._keep(self.ttl_decisions, (tool, ttl_s, source))
         self.ttl_seconds.observe(self._tool_label(tool), max(0.0, ttl_s))
+        self._changes += 1
+
+    def on_ttl_revisit(self, tool: str, more_s: float) -> None:
+        self.ttl_revisits[(self._tool_label(tool), "held" if more_s > 0 else "released")] += 1
         self._changes += 1
 
     def on_tool_duration(self, tool: str, seconds: float) -> None:
@@ -165,7 +181,7 @@ class ContinuumStats:
             "clock": now,
             "idle": idle,
             "pool_blocks": pool_size,
-            "pins": pin_rows(pins, now, held),
+            "pins": pin_rows(pins, now, held, self._tool_label),
             "pins_by_tool": dict(self.pins_by_tool),
             "releases_by_reason": dict(self.releases_by_reason),
             "resumes_by_outcome": dict(self.resumes_by_outcome),
@@ -173,6 +189,9 @@ class ContinuumStats:
             "resume_cached_tokens": self.resume_cached_tokens,
             "invalid_hints": self.invalid_hints,
             "pins_refused": self.pins_refused_by_cap,
+            "pin_outcomes_by_tool": [[t, o, n] for (t, o), n in self.pin_outcomes_by_tool.items()],
+            "expired_block_seconds_by_tool": dict(self.expired_block_seconds_by_tool),
+            "ttl_revisits": [[t, d, n] for (t, d), n in self.ttl_revisits.items()],
             "affinity_misses": self.affinity_misses,
             "ttl_seconds": self.ttl_seconds.to_json(),
             "tool_duration_seconds": self.tool_duration_seconds.to_json(),

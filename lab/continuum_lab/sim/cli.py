@@ -48,12 +48,16 @@ def _matrix(args: argparse.Namespace) -> int:
     if args.from_json:
         from continuum_lab.sim.matrix import merge_rows, render_matrix
 
-        rows = merge_rows([json.loads(path.read_text())["rows"] for path in args.from_json])
+        rows = merge_rows([[json.loads(line) for line in path.read_text().splitlines() if line]
+                           if path.suffix == ".jsonl" else json.loads(path.read_text())["rows"]
+                           for path in args.from_json])
         return render_matrix(rows, args.out, command=command_line(), target_policy=args.targets,
                              publish=args.publish)
     spec = load_matrix(args.config)
     if args.only:
         spec = spec.model_copy(update={"cells": [c for c in spec.cells if c.workload in args.only]})
+    if args.seeds:
+        spec = spec.model_copy(update={"seeds": args.seeds})
     return run_matrix(spec, args.out, quick=args.quick, load=args.load, policies=args.policies,
                       command=command_line(), jobs=args.jobs, target_policy=args.targets,
                       publish=args.publish)
@@ -119,13 +123,15 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="one seed, the grid's quick load only")
     p.add_argument("--only", nargs="+", metavar="WORKLOAD", help="only these workloads' cells")
     p.add_argument("--load", help="only this load of each cell (none, moderate, heavy, overload)")
+    p.add_argument("--seeds", type=int, nargs="+", help="these seeds instead of the grid's")
     p.add_argument("--policies", nargs="+", help="default: the grid's")
     p.add_argument("--out", type=Path, default=Path("runs/matrix"))
     p.add_argument("--targets", metavar="POLICY",
                    help="print the issue's targets for this policy, cell by cell "
                         "(default: `default`, if it ran)")
     p.add_argument("--from-json", type=Path, nargs="+", metavar="MATRIX_JSON",
-                   help="do not run: render the report of earlier runs' matrix.json into --out "
+                   help="do not run: render the report of earlier runs' matrix.json (or the "
+                        "rows.jsonl an interrupted run left) into --out "
                         "(several: their rows merged, e.g. a policy run later beside the rest)")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes running (cell, seed) tasks side by side (results do not depend on it)")

@@ -67,6 +67,7 @@ class CellSpec(BaseModel):
     cost_model: str
     programs: int = Field(ge=1)
     loads: dict[str, float | Load]  # load name -> arrival rate (programs/s), or a Load
+    num_blocks: int | None = Field(None, ge=1)  # the KV pool, instead of the cost model's
 
     def load(self, name: str) -> Load:
         value = self.loads[name]
@@ -230,7 +231,7 @@ def plot_heatmap(cells: dict[str, dict[str, dict]], out: Path) -> Path:
 def _cell_seed(cell: CellSpec, load: str, rate: float, seed: int, policies: Sequence[str],
                profiles: dict[str, Path]) -> list[dict]:
     """Every policy on one cell's trace of one seed: the unit of work of `run_matrix`."""
-    cost = load_cost_model(cell.cost_model)
+    cost = load_cost_model(cell.cost_model).with_pool(cell.num_blocks)
     profile = profiles[cell.cost_model]
     name = cell_name(cell, load, rate)
     trace = load_trace(cell.workload, num_programs=cell.load(load).programs, arrival_rate=rate,
@@ -245,7 +246,8 @@ def _cell_seed(cell: CellSpec, load: str, rate: float, seed: int, policies: Sequ
 
 def cell_name(cell: CellSpec, load: str, rate: float) -> str:
     programs = cell.load(load).programs
-    return f"{cell.workload} {load} ({rate}/s, {programs} programs, {cell.cost_model})"
+    pool = f", {cell.num_blocks} blocks" if cell.num_blocks is not None else ""
+    return f"{cell.workload} {load} ({rate}/s, {programs} programs, {cell.cost_model}{pool})"
 
 
 def run_matrix(
@@ -267,17 +269,26 @@ def run_matrix(
         profiles[name] = prepare_profile(load_cost_model(name), where)
     tasks = [(c, ld, rate, seed) for c, ld, rate in grid for seed in seeds]
     results: dict[int, list[dict]] = {}
+    # Every finished (cell, seed) task's rows, as they come: an interrupted run
+    # keeps them (`--from-json` renders this file too).
+    partial = out_dir / "rows.jsonl"
+    partial.write_text("")
+
+    def done(i: int, rows: list[dict]) -> None:
+        results[i] = rows
+        with partial.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        bar.update()
+
     with tqdm(total=len(tasks), desc="matrix", unit="cell x seed") as bar:
         if jobs <= 1:
             for i, t in enumerate(tasks):
-                results[i] = _cell_seed(*t, policies, profiles)
-                bar.update()
+                done(i, _cell_seed(*t, policies, profiles))
         else:
             with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
                 futures = {pool.submit(_cell_seed, *t, policies, profiles): i for i, t in enumerate(tasks)}
                 for future in as_completed(futures):
-                    results[futures[future]] = future.result()
-                    bar.update()
+                    done(futures[future], future.result())
     rows = [r for i in range(len(tasks)) for r in results[i]]
     (out_dir / "matrix.json").write_text(json.dumps({"rows": rows, "seeds": seeds}, indent=1))
     footer = [f"total wall time: {time.perf_counter() - started:.0f} s in {max(jobs, 1)} processes"]

@@ -92,13 +92,30 @@ RELAXED: dict[str, dict[str, str]] = {
     "turn30-age120": {"MAX_TURN_DELAY_S": "30", "MAX_TURN_AGING_S": "120"},
 }
 
+# The slow-tool comparison: under what ships (program admission, `forever`),
+# one TTL setting changed each. `no-slow-by-name` never pins the slow tools
+# of the slow-tool workloads (ci, approval, browse) and pins the rest until
+# the cap; `eq2-program` is the paper's Eq. 2 at full cost; `oracle-program`
+# knows each call's duration (oracle.py); `hazard` is the tool-aware rule
+# (core/hazard_ttl.py).
+SLOW_TOOL_NAMES = ("ci", "approval", "browse")
+SLOW_TOOLS: dict[str, dict[str, str]] = {
+    "eq2-program": {"TTL_POLICY": "continuum", "PIN_COST": "always"},
+    **{f"max-ttl-{t}": {"MAX_TTL_S": t} for t in ("10", "60", "300")},
+    "no-slow-by-name": {"TTL_POLICY": "fixed", "DEFAULT_TTL_S": "100000",
+                        "TOOL_TTL_S": json.dumps({t: 0 for t in SLOW_TOOL_NAMES})},
+    "oracle-program": {"TTL_POLICY": "never"},
+    "forever-ttl": {"TTL_POLICY": "forever"},
+    "hazard": {"TTL_POLICY": "hazard"},
+}
+
 # Baseline label -> its TTL policy ("oracle*" get an oracle TTL policy, oracle.py).
 BASELINES = {"continuum": "continuum", "fixed": "fixed", "forever": "forever",
              "oracle": "never", "oracle-hindsight": "never", "oracle-eq2": "never"}
 # Every label that runs our scheduler: what ships ("default"), the baselines, the candidates.
 PINNING = {"default": {}} | {
     name: {"TTL_POLICY": ttl, **PAPER} for name, ttl in BASELINES.items()
-} | CANDIDATES | RELAXED
+} | CANDIDATES | RELAXED | SLOW_TOOLS
 
 # name -> (continuum scheduler?, CONTINUUM_* settings). A plain name runs under
 # the configured pressure policy; NAME-yield / NAME-hold pick one.

@@ -1,0 +1,214 @@
+"""The tool-aware retention rule (`ttl_policy: hazard`, core/hazard_ttl.py):
+its horizon by hand and by brute force, the conditional re-decision, hints,
+the cap, and the zero cost of memory nobody waits for; and the revisit
+wired through the pin releaser."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm_continuum.config import ContinuumConfig
+from vllm_continuum.core.hazard_ttl import HazardTTLPolicy, best_horizon
+from vllm_continuum.core.pin_value import PoolState
+from vllm_continuum.core.prefill_profile import PrefillProfile
+from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
+from vllm_continuum.core.workload import WorkloadModel
+
+# A profile whose reload is a flat 2 s: B = 2 s + T.
+FLAT = PrefillProfile(c0=2.0, c1=0.0, c2=0.0)
+CONTESTED = PoolState(free_blocks=0, demand_blocks=10_000)  # every waiting block is short
+QUIET = PoolState(free_blocks=10_000, demand_blocks=0)
+
+
+def policy(durations: dict[str, list[float]], *, max_ttl_s: float = 30.0, revisit_s: float = 1e9,
+           queueing_s: float = 0.0, prior_samples: float = 3.0) -> HazardTTLPolicy:
+    workload = WorkloadModel(history_limit=1000, queueing_window=16, program_window=16)
+    for tool, ds in durations.items():
+        for d in ds:
+            workload.durations.add(tool, d)
+    if queueing_s:
+        workload.queueing.add(queueing_s)
+    return HazardTTLPolicy(workload, FLAT, max_ttl_s, prior_samples=prior_samples, revisit_s=revisit_s)
+
+
+def turn(tool: str, pool: PoolState | None = CONTESTED, hint: float | None = None) -> TurnEnd:
+    return TurnEnd("s", tool, 1000, hinted_ttl_s=hint, pool=pool, marginal_blocks=100)
+
+
+def value(parts, elapsed, h, benefit, cost):
+    """P(D <= h | D > a) * B - c * E[min(D, h) - a | D > a], by enumeration."""
+    pts = [(x, w / len(s)) for w, s in parts for x in s if x > elapsed]
+    surv = sum(w for _, w in pts)
+    p = sum(w for x, w in pts if x <= h) / surv
+    hold = sum(w * (min(x, h) - elapsed) for x, w in pts) / surv
+    return p * benefit - cost * hold
+
+
+# ------------------------------------------------------------ the horizon
+@pytest.mark.parametrize(
+    "samples, elapsed, limit, benefit, cost, expected",
+    [
+        # all return by 1 s; holding to 1 costs at most 1 s of memory for a 2 s saving
+        ([0.5, 1.0], 0.0, 30.0, 2.0, 1.0, 1.0),
+        # every call outlasts the limit: release now, whatever the benefit
+        ([60.0, 120.0], 0.0, 30.0, 1e6, 0.0, 0.0),
+        # nobody waits (cost 0): hold to the last return within the limit
+        ([1.0, 10.0, 25.0, 100.0], 0.0, 30.0, 1.0, 0.0, 25.0),
+        # contested and slow: 10 s of memory for a 2 s saving is not worth it
+        ([10.0, 12.0], 0.0, 30.0, 2.0, 1.0, 0.0),
+        # a tie with releasing (0.5 * 2 - 1 = 0) goes to releasing
+        ([1.0, 100.0], 0.0, 30.0, 2.0, 1.0, 0.0),
+        # already waited past every recorded call: nothing left to wait for
+        ([1.0, 2.0], 5.0, 30.0, 100.0, 0.0, 5.0),
+    ],
+)
+def test_best_horizon_by_hand(samples, elapsed, limit, benefit, cost, expected):
+    assert best_horizon(((1.0, sorted(samples)),), elapsed, limit, benefit, cost) == expected
+
+
+def test_best_horizon_matches_brute_force():
+    rng = random.Random(3)
+    for _ in range(300):
+        a = sorted(round(rng.expovariate(0.2), 1) for _ in range(rng.randint(1, 15)))
+        b = sorted(round(rng.expovariate(1.0), 1) for _ in range(rng.randint(1, 15)))
+        w = rng.random()
+        parts = ((w, a), (1 - w, b))
+        elapsed = rng.choice([0.0, 0.5, 2.0, 5.0])
+        limit = rng.choice([3.0, 10.0, 30.0])
+        benefit, cost = rng.uniform(0, 10), rng.choice([0.0, 0.3, 1.0])
+        got = best_horizon(parts, elapsed, limit, benefit, cost)
+        if not any(x > elapsed for _, s in parts for x in s):
+            assert got == elapsed
+            continue
+        candidates = [x for _, s in parts for x in s if elapsed < x <= limit]
+        values = [value(parts, elapsed, h, benefit, cost) for h in candidates]
+        best = max([0.0, *values])
+        if best <= 1e-12:
+            assert got == elapsed
+        else:
+            assert value(parts, elapsed, got, benefit, cost) == pytest.approx(best)
+            assert got == min(h for h, v in zip(candidates, values) if v >= best - 1e-9)
+
+
+# ------------------------------------------------------------ the rule
+def test_a_fast_tool_is_held_and_a_tool_slower_than_the_cap_is_not():
+    p = policy({"view": [0.1, 0.2, 0.3] * 10, "ci": [60.0, 90.0, 200.0] * 10})
+    assert p.decide(turn("view")).ttl_s == pytest.approx(0.3)
+    assert p.decide(turn("ci")).ttl_s == 0.0
+    # Nobody waiting: held only while the all-tools prior (3 of 33 weights)
+    # says it might still return, and released at the revisit.
+    quiet = p.decide(turn("ci", pool=QUIET)).ttl_s
+    assert quiet <= 0.3
+    assert p.revisit("ci", quiet, 1000, contention=0.0) == 0.0
+
+
+def test_nobody_waiting_keeps_a_slow_but_returning_tool_pinned():
+    """Zero cost: a browse call of 5-25 s is held, even though at full cost
+    its 2 s saving would not pay for the wait."""
+    durations = {"browse": [5.0, 8.0, 12.0, 25.0] * 5}
+    assert policy(durations).decide(turn("browse")).ttl_s == 0.0
+    assert policy(durations).decide(turn("browse", pool=QUIET)).ttl_s == 25.0
+
+
+def test_queueing_after_a_lost_context_is_part_of_the_benefit():
+    durations = {"browse": [5.0, 8.0, 12.0, 25.0] * 5}
+    assert policy(durations, queueing_s=0.0).decide(turn("browse")).ttl_s == 0.0
+    assert policy(durations, queueing_s=60.0).decide(turn("browse")).ttl_s == 25.0
+
+
+def test_a_tool_counts_after_a_handful_of_its_own_calls():
+    """Beside 300 fast calls, three 100 s calls of a new tool already make
+    it hold only as long as the fast ones could return, and its revisit releases it."""
+    fast = [0.1, 0.2, 0.5] * 100
+    p = policy({"view": fast, "ci": [100.0, 120.0, 150.0]})
+    first = p.decide(turn("ci", pool=QUIET)).ttl_s
+    assert first <= 0.5  # the pooled fast calls' share, at most
+    assert p.revisit("ci", first, 1000, contention=0.0) == 0.0
+
+
+def test_the_decision_is_revisited_conditioned_on_the_elapsed_time():
+    """Half the calls return in 1 s, half in 100 s: at first the pin is
+    worth holding for the fast half; once 1 s has passed without a return,
+    the call is a slow one and the pin goes."""
+    p = policy({"approval": [1.0, 100.0] * 10}, queueing_s=1.0)  # B = 3 s
+    assert p.decide(turn("approval")).ttl_s == 1.0  # 0.5 * 3 - 1 s of expected hold > 0
+    assert p.revisit("approval", 1.0, 1000, contention=1.0) == 0.0
+    # At 10 s, with calls of 20 s among them, it holds on again, nobody waiting.
+    p = policy({"approval": [1.0, 20.0, 100.0] * 10})
+    assert p.revisit("approval", 10.0, 1000, contention=0.0) == pytest.approx(10.0)
+
+
+def test_revisits_come_at_most_every_revisit_s():
+    p = policy({"browse": [5.0, 8.0, 12.0, 25.0] * 5}, revisit_s=5.0)
+    decision = p.decide(turn("browse", pool=QUIET))
+    assert decision.ttl_s == 5.0 and decision.revisable
+    assert p.revisit("browse", 5.0, 1000, contention=0.0) == 5.0
+    assert p.revisit("browse", 25.0, 1000, contention=0.0) == 0.0
+
+
+def test_hints_win_and_the_cap_holds():
+    p = policy({"ci": [200.0] * 10}, max_ttl_s=30.0)
+    hinted = p.decide(turn("ci", hint=12.0))
+    assert (hinted.ttl_s, hinted.source, hinted.revisable) == (12.0, "hint", False)
+    assert p.decide(turn("ci", hint=500.0)).ttl_s == 30.0
+    # The cap bounds the horizon (a 200 s tool returns after it: no pin) and revisits.
+    p = policy({"slow": [20.0, 40.0] * 10}, max_ttl_s=30.0)
+    assert p.decide(turn("slow", pool=QUIET)).ttl_s == 20.0
+    assert p.revisit("slow", 20.0, 1000, contention=0.0) == 0.0
+    assert p.revisit("slow", 31.0, 1000, contention=0.0) == 0.0
+
+
+def test_without_any_duration_it_holds_as_forever_and_looks_again():
+    p = policy({}, revisit_s=5.0)
+    decision = p.decide(turn("new"))
+    assert decision.ttl_s == 5.0 and decision.source == "no durations"
+
+
+def test_make_ttl_policy_builds_it():
+    assert isinstance(make_ttl_policy(ContinuumConfig(ttl_policy="hazard"),
+                                      WorkloadModel(1000, 16, 16)), HazardTTLPolicy)
+
+
+# ------------------------------------------------------------ in the controller
+def test_the_controller_revisits_a_hazard_pin_and_releases_it_once_the_tool_looks_slow():
+    """`approval` returns in 1 s or in 100 s: made while the pool is
+    contested, its pin holds for 1 s, and at that TTL the rule sees a slow
+    call and lets it expire. `browse` (5-25 s), made and revisited while
+    nobody waits, is held through every revisit until its last recorded
+    return, then expires."""
+    from tests.unit.test_controller import Ledger, Req, run
+    from vllm_continuum.config import load_config
+    from vllm_continuum.core.controller import PinController
+    from vllm_continuum.metrics.stats import ContinuumStats
+
+    ledger, now, pool = Ledger(100), [0.0], [QUIET]
+    stats = ContinuumStats(writer=None)
+    c = PinController(load_config(use_env=False, ttl_policy="hazard"), ledger, stats,
+                      block_size=4, hash_block_size=4, clock=lambda: now[0],
+                      pool_state=lambda counted: pool[0])
+    for d in [1.0, 100.0] * 10:
+        c.workload.durations.add("approval", d)
+    for d in [5.0, 8.0, 12.0, 25.0] * 5:
+        c.workload.durations.add("browse", d)
+    c.workload.queueing.add(10.0)  # turns that lost their context queued 10 s: B is about 10 s
+    assert run(c, ledger, Req("b1", "B", [4, 5, 6]), tool="browse")
+    pool[0] = CONTESTED
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="approval")
+    assert c.pins.get("A").expires_at == pytest.approx(1.0)
+    assert c.pins.get("B").expires_at == pytest.approx(5.0)
+    for t in (1.0, 5.0, 10.0, 15.0, 20.0):
+        now[0] = t
+        c.begin_step()
+        c.end_step()
+        pool[0] = QUIET
+        assert c.pins.get("A") is None  # released at 1 s: the approval is a slow one
+        assert c.pins.get("B") is not None  # the browse call may still return
+    now[0] = 25.0
+    c.begin_step()
+    c.end_step()
+    assert c.pins.get("B") is None  # past its last recorded return
+    assert stats.releases_by_reason["expired"] == 2
+    assert stats.ttl_revisits[("approval", "released")] == 1
+    assert stats.ttl_revisits[("browse", "held")] == 4

@@ -1,0 +1,160 @@
+"""A tool-aware retention rule: keep a pin while its expected saving beats
+what its memory would earn elsewhere, re-decided as the pause goes on.
+
+At elapsed time a into a call of tool f (0 when the turn ends), the pin is
+held to the horizon h in (a, max_ttl_s] that maximises
+
+    P(D <= h | D > a) * B  -  c * E[min(D, h) - a | D > a]
+
+or released now if no horizon has a positive value. D is f's duration; B
+what reuse saves, the reload (`PrefillReload`, the context's prefill) plus
+T, the measured mean queueing delay of turns that came back to find their
+context gone. The cost is the memory-time the pin is expected to hold from
+now (a pin whose tool returns early stops costing then), at the price c:
+the fraction of the pin's own blocks that waiting requests entitled to
+pinned memory (one-shots, preempted requests: `QueueRules.entitled`) need
+beyond the free pool, and at least `idle_cost`. Programs that arrived later
+are not entitled (under program admission they wait for room anyway), so
+without one-shots or preemptions a pin costs only `idle_cost`: a tool that
+may return within the cap is held as `forever` holds it, and one that
+cannot (its recorded calls outlast what is left of `max_ttl_s`) is not.
+
+The decision is revisited: the pin's TTL is the chosen horizon, at most
+`revisit_s` ahead, and when it passes the pin releaser asks again
+(`revisit`) with the elapsed time conditioned on and the contention of
+that moment. A call that has already run long is likely a slow one: once
+the calls that took that long mostly outlasted the cap, the pin goes.
+
+D's distribution is the tool's own recorded durations mixed with all tools'
+by `prior_samples` pseudo-samples (weights n / (n + k0)), so a tool's own
+calls count from the first few. With no duration recorded at all the rule
+holds (as `forever`) and looks again after `revisit_s`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from vllm_continuum.core.durations import ToolDurations
+from vllm_continuum.core.pin_value import pin_pressure
+from vllm_continuum.core.prefill_profile import PrefillProfile
+from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd
+from vllm_continuum.core.workload import WorkloadModel
+
+
+def best_horizon(
+    parts: Sequence[tuple[float, Sequence[float]]],
+    elapsed: float,
+    limit: float,
+    benefit_s: float,
+    cost: float,
+) -> float:
+    """The horizon h in (elapsed, limit] that maximises
+    P(D <= h | D > elapsed) * benefit - cost * E[min(D, h) - elapsed | D > elapsed],
+    D a mixture of empirical distributions (weight, sorted samples), or
+    `elapsed` (release now) if none has a positive value. Ties go to the
+    shorter horizon. One pass over the samples beyond `elapsed`."""
+    if not benefit_s > 0 or limit <= elapsed:
+        return elapsed
+    # The conditional distribution beyond `elapsed`: each sample with its weight.
+    tail: list[tuple[float, float]] = []
+    for weight, samples in parts:
+        if weight <= 0 or not samples:
+            continue
+        start = bisect.bisect_right(samples, elapsed)
+        w = weight / len(samples)
+        tail.extend((x, w) for x in samples[start:])
+    survivors = sum(w for _, w in tail)
+    if survivors <= 0:
+        return elapsed  # every recorded call returned by now: nothing to wait for
+    tail.sort()
+    best_h, best_value = elapsed, 0.0
+    returned = 0.0  # P(elapsed < D <= h) * survivors
+    held = 0.0  # sum over returned samples of w * (x - elapsed)
+    i, n = 0, len(tail)
+    while i < n:
+        h = tail[i][0]
+        if h > limit:
+            break
+        while i < n and tail[i][0] == h:
+            returned += tail[i][1]
+            held += tail[i][1] * (h - elapsed)
+            i += 1
+        p = returned / survivors
+        expected_hold = (held + (survivors - returned) * (h - elapsed)) / survivors
+        value = p * benefit_s - cost * expected_hold
+        if value > best_value:
+            best_h, best_value = h, value
+    return best_h
+
+
+class HazardTTLPolicy(TTLPolicy):
+    """The retention rule of the module's docstring (`ttl_policy: hazard`)."""
+
+    name = "hazard"
+    reads_pool = True  # PinMaker passes the pool's state as the entitled requests need it
+
+    def __init__(
+        self,
+        workload: WorkloadModel,
+        profile: PrefillProfile,
+        max_ttl_s: float,
+        *,
+        prior_samples: float = 3.0,
+        revisit_s: float = 5.0,
+        idle_cost: float = 0.02,
+    ) -> None:
+        super().__init__(max_ttl_s)
+        self.workload = workload
+        self.profile = profile
+        self.prior_samples = prior_samples
+        self.revisit_s = revisit_s
+        self.idle_cost = idle_cost
+
+    def profile_note(self, max_model_len: int) -> str | None:
+        return self.profile.clamp_note(max_model_len)
+
+    def benefit_s(self, num_context_tokens: int) -> float:
+        return self.profile.seconds(num_context_tokens) + self.workload.mean_queueing_delay_s
+
+    def parts(self, tool: str) -> tuple[tuple[float, Sequence[float]], ...]:
+        """The tool's duration mixture: its own samples, weight n / (n + k0),
+        and all tools' for the rest."""
+        durations: ToolDurations = self.workload.durations
+        pooled = durations.all_tools.sorted
+        history = durations.of(tool)
+        own = history.sorted if history is not None else []
+        k0 = self.prior_samples
+        w_own = len(own) / (len(own) + k0) if own else 0.0
+        if not pooled:
+            return ((w_own, own),) if own else ()
+        return ((w_own, own), (1.0 - w_own, pooled))
+
+    def hold_for(self, tool: str, elapsed: float, num_context_tokens: int, contention: float) -> tuple[float, str]:
+        """(how much longer to hold from `elapsed`, the source): 0 = release now."""
+        limit = self.max_ttl_s
+        rest = limit - elapsed
+        if rest <= 0:
+            return 0.0, "cap"
+        parts = self.parts(tool)
+        if not parts:
+            return min(rest, self.revisit_s), "no durations"
+        history = self.workload.durations.of(tool)
+        source = "tool+all durations" if history is not None and len(history) else "all durations"
+        cost = max(self.idle_cost, min(1.0, contention))
+        h = best_horizon(parts, elapsed, limit, self.benefit_s(num_context_tokens), cost)
+        if h <= elapsed:
+            return 0.0, source
+        return min(h - elapsed, self.revisit_s), source
+
+    def choose(self, turn: TurnEnd) -> TTLDecision:
+        contention = pin_pressure(turn.pool, turn.marginal_blocks)
+        ttl, source = self.hold_for(turn.tool, 0.0, turn.num_context_tokens, contention)
+        return TTLDecision(ttl, source, revisable=ttl > 0)
+
+    def revisit(self, tool: str, elapsed: float, num_context_tokens: int, contention: float) -> float:
+        """How much longer a pin `elapsed` seconds old keeps its blocks (0: release)."""
+        return self.hold_for(tool, elapsed, num_context_tokens, contention)[0]
+
+
