@@ -23,7 +23,7 @@ import numpy as np
 from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.workload import WorkloadModel
-from vllm_continuum.experiments.workload_spec import load_spec
+from continuum_lab.workload_spec import load_spec
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "img" / "hazard-ttl.png"
 TOKENS = 40_000
