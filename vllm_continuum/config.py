@@ -138,13 +138,13 @@ class ContinuumConfig(BaseSettings):
         "earlier programs only (docs/guarantees.md).",
     )
     max_turn_aging_s: float = Field(
-        math.inf,
+        120.0,
         ge=0,
         description="Aging of a session's turn against requests without a session (which "
         "`sessionless_first` queues first): once those that arrived after it have gone "
-        "ahead of it for this long, it goes before those of them that are not overdue. "
-        "Off (inf) by default: it costs one-shots' latency beside agents under overload "
-        "(docs/guarantees.md); set it where sessionless floods may starve agents.",
+        "ahead of it for this long, it goes before those of them that are not overdue "
+        "(docs/guarantees.md). Lower it to bound agents' waits behind sessionless floods "
+        "more tightly; at 30 s it cost one-shots' tail latency under overload.",
     )
     program_precedence_s: float = Field(
         3600.0,

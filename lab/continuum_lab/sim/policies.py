@@ -90,6 +90,7 @@ RELAXED: dict[str, dict[str, str]] = {
     "turn-off": {"MAX_TURN_DELAY_S": "inf", "MAX_TURN_AGING_S": "inf"},
     "turn30-age-off": {"MAX_TURN_DELAY_S": "30", "MAX_TURN_AGING_S": "inf"},
     "turn30-age120": {"MAX_TURN_DELAY_S": "30", "MAX_TURN_AGING_S": "120"},
+    "turn60-age120": {"MAX_TURN_DELAY_S": "60", "MAX_TURN_AGING_S": "120"},
 }
 
 # The slow-tool comparison: under what ships (program admission, `forever`),
