@@ -39,7 +39,6 @@ from vllm_continuum.adapter.compat import check_vllm_version
 from vllm_continuum.config import ContinuumConfig, config_from_vllm
 from vllm_continuum.core.affinity import AffinityMonitor
 from vllm_continuum.core.controller import PinController
-from vllm_continuum.core.pin_table import ReleaseReason
 from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.tool_calls import ToolCallDetector, vocab_token_id
 from vllm_continuum.core.ttl import make_ttl_policy
@@ -102,7 +101,7 @@ class ContinuumSchedulerMixin:
             on_miss=self._stats.on_affinity_miss,
             max_sessions=cfg.max_tracked_sessions,
         )
-        note = getattr(self.continuum.maker.ttl_policy, "profile_note", lambda n: None)(self.max_model_len)
+        note = self.continuum.profile_note(self.max_model_len)
         if note:
             logger.warning("continuum: %s", note)
         if not pinning:
@@ -117,7 +116,7 @@ class ContinuumSchedulerMixin:
         self._lane_changes: dict[str, Request] = {}
         assert not self.waiting, "the waiting queue is replaced before any request"
         if cfg.queue_order != "fcfs":
-            self.waiting = self.continuum.queue.lane_queue(ContinuumWaitingQueue)
+            self.waiting = self.continuum.lane_queue(ContinuumWaitingQueue)
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins
         logger.info(
@@ -128,7 +127,7 @@ class ContinuumSchedulerMixin:
     # ------------------------------------------------------------------ hooks
     def add_request(self, request: Request) -> None:
         c = self.continuum
-        c.releaser.release_expired(grace_until=c.step + 1)
+        c.release_expired()
         if request.request_id not in self.requests:
             params = request.sampling_params
             c.on_arrival(request, getattr(params, "extra_args", None) if params is not None else None,
@@ -202,12 +201,12 @@ class ContinuumSchedulerMixin:
 
     def reset_prefix_cache(self, *args, **kwargs) -> bool:
         # Pinned blocks are referenced, and a referenced block fails the reset.
-        self.continuum.releaser.release_all(ReleaseReason.RESET)
+        self.continuum.release_all()
         self._publish()
         return super().reset_prefix_cache(*args, **kwargs)
 
     def shutdown(self) -> None:
-        self.continuum.releaser.release_all(ReleaseReason.RESET)
+        self.continuum.release_all()
         self._publish()
         super().shutdown()
 
@@ -218,7 +217,7 @@ class ContinuumSchedulerMixin:
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
         if blocks is None and self.continuum.pins:
             hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
-            blocks = self.continuum.releaser.retry_with_pins_released(
+            blocks = self.continuum.retry_with_pins_released(
                 request,
                 lambda: self._stock_allocate_slots(request, *args, **kwargs),
                 shortfall=self._ledger.shortfall(request, args, kwargs),
@@ -241,7 +240,7 @@ class ContinuumSchedulerMixin:
         c = self.continuum
         stats.publish(
             pins=c.pins, pool_size=self._ledger.pool_size, now=c.clock(),
-            idle=not self.has_requests(), held=c.releaser.held,
+            idle=not self.has_requests(), held=c.held,
         )
 
     def _arrived(self, request: Request) -> float:

@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from vllm_continuum.core.hints import NO_HINTS, Hints, parse_hints
 from vllm_continuum.core.ledger import BlockLedger
@@ -43,12 +43,14 @@ from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.sessions import SessionRegistry, session_key
 from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, make_ttl_policy
 from vllm_continuum.core.turn import Turn, TurnRequest
+from vllm_continuum.core.waiting_queue import LaneQueue
 from vllm_continuum.core.workload import WorkloadModel
 
 if TYPE_CHECKING:
     from vllm_continuum.config import ContinuumConfig
 
 logger = logging.getLogger("vllm.continuum")
+T = TypeVar("T")
 
 
 class PinEvents(PinMakerEvents, ReleaseEvents, Protocol):
@@ -74,6 +76,14 @@ class Ended:
 
 
 class PinController:
+    """The pin rules' one door: the adapter (adapter/scheduler_mixin.py) calls
+    these methods from vLLM's scheduler hooks and reaches nothing behind them.
+
+    It owns the pins (`PinTable`), the session table, the queue rules and the
+    two halves of a pin's life: `PinMaker` (a tool-call turn ends: pin its
+    context for a TTL) and `PinReleaser` (hand-over, expiry, pressure,
+    reset). Every time it compares is its own clock's (`now`)."""
+
     def __init__(
         self,
         config: ContinuumConfig,
@@ -149,6 +159,35 @@ class PinController:
         self.maker = PinMaker(config, policy, self.pins, ledger, self.releaser, self.queue, stats,
                               block_size=block_size, hash_block_size=hash_block_size,
                               one_kv_group=one_kv_group, pool_state=pool_state)
+
+    # ------------------------------------------------------------ front door
+    def lane_queue(self, queue_cls: type[LaneQueue]) -> LaneQueue:
+        """The waiting queue vLLM's scheduler uses (program-level FCFS, lanes, bounds)."""
+        return self.queue.lane_queue(queue_cls)
+
+    def profile_note(self, max_model_len: int) -> str | None:
+        """What the TTL policy has to say about its prefill profile, if anything."""
+        note = getattr(self.maker.ttl_policy, "profile_note", None)
+        return note(max_model_len) if note is not None else None
+
+    def release_expired(self) -> None:
+        """Between steps (a request arrives): let pins past their TTL go, with
+        the step about to run as their grace."""
+        self.releaser.release_expired(grace_until=self.step + 1)
+
+    def release_all(self) -> None:
+        """The prefix cache is reset or the engine shuts down: every pin goes."""
+        self.releaser.release_all(ReleaseReason.RESET)
+
+    def retry_with_pins_released(self, request: TurnRequest, retry: Callable[[], T | None],
+                                 **allocation) -> T | None:
+        """An allocation failed for lack of blocks: release the pins that may
+        cover its shortfall and retry once (pin_release.py)."""
+        return self.releaser.retry_with_pins_released(request, retry, **allocation)
+
+    def held(self, pin: Pin) -> bool:
+        """Whether the pin is past its TTL, kept for its queued turn (one step of grace)."""
+        return self.releaser.held(pin)
 
     # ------------------------------------------------------------ step side
     def now(self) -> float:
