@@ -5,7 +5,7 @@ that pin the pressure policy (`pressure_variants`)."""
 
 from __future__ import annotations
 
-# The learned TTL, with the pin cost from issue 12 until it became `demand`
+# The learned TTL with the `pressure` pin cost, as it shipped until the pin cost became `demand`
 # (docs/results/benchmarks-archive.md, "Charged on demand"): `default-pressure`, and every label
 # that ran the learned TTL before.
 PRESSURE = {"ttl_policy": "continuum", "pin_cost": "pressure"}

@@ -1,7 +1,7 @@
 """`vllm-continuum sizing`: is a live workload where pinning can pay?
 
 Two numbers decide it for a batch of agent programs on one server, and a
-workload spec for the live benchmark states both (issue 20):
+workload spec for the live benchmark states both:
 
 - **re-prefill against decode**: what a resumed turn loses when its history
   was evicted (prefilling the history again: the cold prefill of its whole

@@ -27,11 +27,12 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     for ttl in ("continuum", "fixed", "forever")
     for name, settings in pressure_variants(ttl, {"ttl_policy": ttl}, "pressure_policy").items()
 } | {
-    # Exactly what ships, whatever the defaults are (issue 19 changes them), and
+    # Exactly what ships, whatever the defaults are (they change), and
     # what ships without its pins: the queue order and admission alone.
     "default": Flavour("default", "continuum", {}),
     "never": Flavour("never", "continuum", {"ttl_policy": "never"}),
-    # What shipped from issue 19 until the caps opened.
+    # Program admission under the learned TTL, capped (0.5 / 0.25): what
+    # shipped until the caps opened.
     "default-capped": Flavour("default-capped", "continuum", CAPPED | PRESSURE),
     # What shipped from the caps' opening until the pin cost became `demand`.
     "default-pressure": Flavour("default-pressure", "continuum", PRESSURE),

@@ -9,9 +9,8 @@ pairing goes by settings: stock is vLLM's `Scheduler` (`stock`), and every
 continuum server is our scheduler (`default`, i.e. no settings of its own)
 given the *effective* config that server ran with, every field, as
 `compare` recorded it (`continuum_config` in the run's meta). So the
-simulation runs what the server ran even after the defaults have changed
-(issue 19 is changing them); a field the current config no longer knows is
-dropped, and said.
+simulation runs what the server ran even after the defaults have changed; a
+field the current config no longer knows is dropped, and said.
 """
 
 from __future__ import annotations

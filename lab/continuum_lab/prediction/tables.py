@@ -1,6 +1,6 @@
 """Predicted beside measured, per round and flavour, and what tells them apart.
 
-- outcome_table: what the issue asks the simulator to predict: mean JCT,
+- outcome_table: what the simulator must predict: mean JCT,
   makespan, reuse of the previous prompt, one-shot p99 TTFT, and the stock /
   flavour JCT ratio of the round, each with its error (predicted / measured
   - 1), predicted at the machine's speed its replays' probes measured, where
@@ -37,7 +37,7 @@ from continuum_lab.prediction.step_speed import speed_of
 from continuum_lab.report import ratio, summarize
 from continuum_lab.results import RunResult, TurnRecord
 
-TARGET = 0.15  # issue 20: mean-JCT prediction error within 15%
+TARGET = 0.15  # mean-JCT prediction error within 15%
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The simulator's commands:
 
     sim             paper-scale simulation driving the real schedulers, one engine or N behind a router
-    matrix          every policy x workload x load x seed (issue 12): Markdown and a heat map
+    matrix          every policy x workload x load x seed: Markdown and a heat map
     overhead        schedule() + update_from_output() time per step, ours vs stock
     fit-cost-model  write a simulator cost model from a `profile` YAML
 
@@ -93,10 +93,11 @@ def register(subparsers) -> None:
     p.add_argument("--policies", nargs="+",
                    default=["stock", "default", "continuum", "oracle"],
                    help="stock, never, default (what ships), continuum, fixed, forever, oracle, "
-                        "oracle-hindsight, oracle-eq2, issue 12's candidates (sim/policies.py "
-                        "CANDIDATES) and issue 19's (RELAXED: default-request, default-capped, "
-                        "forever-program, bound10-*, boundinf-*, *-open-caps); the continuum ones "
-                        "also as NAME-yield or NAME-hold (plain: the configured pressure policy)")
+                        "oracle-hindsight, oracle-eq2, the candidates (sim/policies.py "
+                        "CANDIDATES) and the admission variants (RELAXED: default-request, "
+                        "default-capped, forever-program, bound10-*, boundinf-*, *-open-caps); "
+                        "the continuum ones also as NAME-yield or NAME-hold (plain: the "
+                        "configured pressure policy)")
     p.add_argument("--sweep", type=float, nargs="*",
                    help="also sweep these arrival rates (no values: 0.02 0.04 ... 0.13)")
     p.add_argument("--sweep-programs", type=int, help="programs per sweep point (default: --programs)")
@@ -118,7 +119,7 @@ def register(subparsers) -> None:
     p.set_defaults(run=_sim)
 
     p = subparsers.add_parser("matrix", help="every policy on every workload, load and seed "
-                              "(issue 12's measurement matrix): Markdown table and heat map")
+                              "(the measurement matrix): Markdown table and heat map")
     p.add_argument("--config", type=Path, help="the grid (default: continuum_lab/configs/matrix.yaml)")
     p.add_argument("--quick", action="store_true", help="one seed, the grid's quick load only")
     p.add_argument("--only", nargs="+", metavar="WORKLOAD", help="only these workloads' cells")
@@ -127,7 +128,7 @@ def register(subparsers) -> None:
     p.add_argument("--policies", nargs="+", help="default: the grid's")
     p.add_argument("--out", type=Path, default=Path("runs/matrix"))
     p.add_argument("--targets", metavar="POLICY",
-                   help="print the issue's targets for this policy, cell by cell "
+                   help="print the matrix's targets for this policy, cell by cell "
                         "(default: `default`, if it ran)")
     p.add_argument("--from-json", type=Path, nargs="+", metavar="MATRIX_JSON",
                    help="do not run: render the report of earlier runs' matrix.json (or the "

@@ -1,4 +1,4 @@
-"""The measurement matrix of issues 12 and 19: every policy on every workload
+"""The measurement matrix: every policy on every workload
 at several loads over several seeds, one command, a Markdown report and a
 heat map.
 
@@ -18,13 +18,13 @@ cell, for each policy, over the seeds:
   over the policy's (geometric mean), the share of programs more than 10%
   slower than on stock and the worst program's JCT ratio (worst seed).
 
-The `overload` loads (issue 19) put the agents' contexts far beyond the pool:
+The `overload` loads put the agents' contexts far beyond the pool:
 stock thrashes (reuse of the previous prompt under 20%); there the targets
 also ask for a several-fold gain, makespan, and no program slower.
 
 The grid is `continuum_lab/configs/matrix.yaml`; `--quick` runs its quick
 subset (one seed, one load per cell) for iteration. `--targets POLICY` adds
-the issue's targets checked for that policy, cell by cell; `--from-json`
+the targets checked for that policy, cell by cell; `--from-json`
 renders earlier runs' rows again, merged (a policy run later beside them).
 """
 
@@ -162,7 +162,7 @@ def _at_most(key: str, bound: float):
     return lambda s, stock: not math.isfinite(s.get(key, math.nan)) or s[key] <= bound
 
 
-# Issues 12 and 19: the targets for the default policy in every cell.
+# The targets for the default policy in every cell.
 TARGETS = {
     "worst": ("worst seed >= 0.98x stock", lambda s, stock: s["worst"] >= 0.98),
     "vs_best": ("within 5% of the best", lambda s, stock: s["vs_best"] <= 1.05),
@@ -171,7 +171,7 @@ TARGETS = {
                          _at_most("one_shot_latency_p99_vs_stock", 1.10)),
     "preemptions": ("preemptions <= stock's", lambda s, stock: s["preemptions"] <= stock),
 }
-# Issue 19: in the overload cells, also (agents alone / beside one-shots).
+# In the overload cells, also (agents alone / beside one-shots).
 OVERLOAD_TARGETS = {
     "gain": ("mean JCT >= 3x stock (2x beside one-shots)",
              lambda s, one_shot: s["gain"] >= (2.0 if one_shot else 3.0)),

@@ -43,12 +43,11 @@ DEMAND = _as_sim_settings(DEMAND_SETTINGS)
 
 # The paper's settings besides the TTL policy: the baselines run with them
 # whatever the shipped defaults are, so that a label keeps its meaning. They
-# ran before issue 19 with every request under the 1 s waiting bound
-# (`admission: request`), and still do.
+# put every request under the 1 s waiting bound (`admission: request`).
 PAPER = {"QUEUE_ORDER": "program_fcfs", "PIN_COST": "always", "DURATION_ESTIMATOR": "cliff",
          "ADMISSION": "request", **CAPPED}
 
-# The candidates of issue 12: Eq. 2 with one setting changed each, and the
+# The candidates: Eq. 2 with one setting changed each, and the
 # combinations the measurements led to (docs/results/benchmarks-archive.md, "Issue 12").
 CANDIDATES: dict[str, dict[str, str]] = {
     "continuum-shrunk": {"TTL_POLICY": "continuum", **PAPER, "DURATION_ESTIMATOR": "shrunk"},
@@ -62,14 +61,15 @@ CANDIDATES: dict[str, dict[str, str]] = {
     "fixed-8s": {"TTL_POLICY": "fixed", "DEFAULT_TTL_S": "8", **PAPER},
 }
 
-# Issue 19: the default before it (every request under the 1 s bound), and the
-# same scheduler with the bound relaxed by hand (10 s, or none), under the
-# learned TTL or `forever`, with the caps as shipped then or opened (as the
-# issue's first measurement did): "best in hindsight" must include them.
+# Request admission (every request under the 1 s bound, the default before
+# program admission), and the same scheduler with the bound relaxed by hand
+# (10 s, or none), under the learned TTL or `forever`, with the caps at
+# 0.5 / 0.25 or opened: "best in hindsight" must include them.
 ISSUE12_DEFAULT = {"ADMISSION": "request", **CAPPED, **PRESSURE}
 RELAXED: dict[str, dict[str, str]] = {
     "default-request": ISSUE12_DEFAULT,
-    # What shipped from issue 19 until the caps opened: program admission, capped.
+    # Program admission under the learned TTL, capped (0.5 / 0.25): what
+    # shipped until the caps opened.
     "default-capped": {**CAPPED, **PRESSURE},
     "forever-program": {"TTL_POLICY": "forever", **CAPPED},
     **{f"bound{label}-{ttl}": {**ISSUE12_DEFAULT, "MAX_QUEUE_DELAY_S": bound, "TTL_POLICY": ttl}

@@ -1,4 +1,4 @@
-"""`vllm-continuum scale-bench`: what one step costs at vLLM-scale state (issue 29).
+"""`vllm-continuum scale-bench`: what one step costs at vLLM-scale state.
 
 vLLM's real `Scheduler` and our `ContinuumScheduler`, built side by side by the
 simulator's driver (driver.py) and stepped with a synthetic model output, see

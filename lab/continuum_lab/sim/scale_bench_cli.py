@@ -1,14 +1,14 @@
 """`vllm-continuum scale-bench`: the command, its checks and its table (the
 scenarios and their runner: scale_bench.py).
 
-The target (issue 29), checked per scenario: at each load our p99 step is
+The target, checked per scenario: at each load our p99 step is
 within 1.2x of stock's plus 50 us; from 1x to 10x our p99 step and our p99
 arrival grow no more than stock's, with the same allowance (ours at 10x <=
 1.2 x stock's growth x ours at 1x + 50 us; a stock growth below 1 counts as 1);
 neither scheduler ran out of its budget. Scenario e also times the metrics
 snapshot itself (ours only): its p50 may grow at most 1.2x as much as the pins
 (linear). Our p99 arrival against stock's at each load is printed, not gated
-(the issue's target names the step).
+(the target names the step).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def register(subparsers) -> None:
     from continuum_lab.sim import scale_bench
 
     target = __doc__[__doc__.index("The target"):]
-    p = subparsers.add_parser("scale-bench", help="step and arrival cost at scale: ours vs stock (issue 29)",
+    p = subparsers.add_parser("scale-bench", help="step and arrival cost at scale: ours vs stock",
                               description=f"{scale_bench.__doc__}\n{target}",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenarios", nargs="+", choices=list("abcde"), default=list("abcde"),
