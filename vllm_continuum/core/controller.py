@@ -142,15 +142,8 @@ class PinController:
                                 max_turn_aging_s=config.max_turn_aging_s, level=self.level,
                                 now=self.now, preempted_status=preempted_status,
                                 requeue=on_lane_change)
-        revisit = None
-        if hasattr(policy, "revisit"):
-            def revisit(pin: Pin, now: float) -> float:
-                pool = pool_state(self.queue.entitled)
-                own = marginal_blocks(pin.block_ids, ledger.ref_count) if demand_exceeds_free(pool) else 0
-                more = policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens,
-                                      pin_pressure(pool, own))
-                stats.on_ttl_revisit(pin.tool, more)
-                return more
+        self._policy, self._pool_state, self._ledger = policy, pool_state, ledger
+        revisit = self._revisit if hasattr(policy, "revisit") else None
         self.releaser = PinReleaser(self.pins, ledger, stats, self.queue,
                                     pressure_policy=config.pressure_policy, step=lambda: self.step,
                                     on_gone=self._pin_gone, revisit=revisit)
@@ -188,6 +181,16 @@ class PinController:
     def held(self, pin: Pin) -> bool:
         """Whether the pin is past its TTL, kept for its queued turn (one step of grace)."""
         return self.releaser.held(pin)
+
+    def _revisit(self, pin: Pin, now: float) -> float:
+        """A pin reached its TTL: how much longer the policy holds it, asked
+        with the time its tool has run and the pool's contention now."""
+        pool = self._pool_state(self.queue.entitled)
+        own = marginal_blocks(pin.block_ids, self._ledger.ref_count) if demand_exceeds_free(pool) else 0
+        more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens,
+                                    pin_pressure(pool, own))
+        self.stats.on_ttl_revisit(pin.tool, more)
+        return more
 
     # ------------------------------------------------------------ step side
     def now(self) -> float:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 TOOL_KEY = "continuum_tool"
 TTL_KEY = "continuum_ttl_s"
 LAST_TURN_KEY = "continuum_last_turn"
-HINT_KEYS = (TOOL_KEY, TTL_KEY, LAST_TURN_KEY)
 # vLLM's own session id travels as the body's `session_id` or this header
 # (routers hash the header to keep a session's turns on one instance).
 SESSION_HEADER = "X-Session-ID"
