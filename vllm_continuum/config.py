@@ -67,6 +67,15 @@ _sources: contextvars.ContextVar[tuple[str | None, bool]] = contextvars.ContextV
 )
 
 
+# Settings for comparing rules (the lab's matrices, A/B runs): what ships is
+# what measured best, and an operator has no reason to change these.
+EXPERIMENTAL = frozenset({
+    "pressure_policy", "queue_order", "admission", "cold_start_samples",
+    "duration_estimator", "prior_samples", "pin_cost", "duration_history",
+    "queueing_window", "program_window", "prefill_profile",
+})
+
+
 class ContinuumConfig(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CONTINUUM_",

@@ -101,3 +101,14 @@ def test_link_checker_sees_links_and_anchors(tmp_path):
     )
     assert _anchors(doc) == {"title", "how-it-works-here", "title-1"}
     assert _relative_links(doc) == ["b.md", "#how-it-works-here", "#title-1"]
+
+
+def test_experimental_settings_are_settings_and_listed_apart():
+    from vllm_continuum.config import EXPERIMENTAL, ContinuumConfig
+    from vllm_continuum.config_reference import render_table
+
+    assert EXPERIMENTAL <= set(ContinuumConfig.model_fields)
+    operator, experimental = render_table().split("**Experimental**")
+    for name in ContinuumConfig.model_fields:
+        assert (f"| `{name}` |" in experimental) is (name in EXPERIMENTAL), name
+        assert (f"| `{name}` |" in operator) is (name not in EXPERIMENTAL), name
