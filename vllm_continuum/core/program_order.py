@@ -50,7 +50,7 @@ counts against every pin.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Admission = Literal["program", "request"]
@@ -60,11 +60,17 @@ Admission = Literal["program", "request"]
 class ProgramOrder:
     admission: Admission = "program"
     precedence_s: float = math.inf
+    by_program: bool = field(init=False)  # the admission, resolved once
+
+    def __post_init__(self) -> None:
+        if self.admission not in ("program", "request"):
+            raise ValueError(f"admission must be 'program' or 'request', not {self.admission!r}")
+        object.__setattr__(self, "by_program", self.admission == "program")
 
     def bounded(self, session: str | None) -> bool:
         """Whether a request has the time bound `max_queue_delay_s`, and may
         take pinned memory once it is overdue (and counts as a pin's cost)."""
-        return self.admission == "request" or session is None
+        return not self.by_program or session is None
 
     def program_arrival(self, first_arrival: float, request_arrival: float, now: float) -> float:
         """What orders a request among programs: its program's first arrival,
@@ -73,4 +79,4 @@ class ProgramOrder:
 
     def lost_precedence(self, first_arrival: float, now: float) -> bool:
         """A program this old no longer holds its place (nor its pins) against others."""
-        return self.admission == "program" and now - first_arrival >= self.precedence_s
+        return self.by_program and now - first_arrival >= self.precedence_s

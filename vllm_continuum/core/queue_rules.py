@@ -60,7 +60,10 @@ class QueueRules:
         `level`: a request's priority level (0 for all without priority
         scheduling); `requeue`: a queued request's place changed (applied once
         the step is over)."""
-        self.queue_order = queue_order
+        # The order, resolved once: by program arrival (else the request's own),
+        # and requests without a session first.
+        self._by_program = queue_order != "pinned_fcfs"
+        self._sessionless_first = queue_order == "sessionless_first"
         self.turns, self.pins, self.order = turns, pins, order
         self.bound = WaitingBound(max_queue_delay_s)  # keyed by arrival
         self.turn_bound = WaitingBound(max_turn_delay_s)  # keyed by program arrival
@@ -116,9 +119,8 @@ class QueueRules:
         without a session before every session's."""
         turn = self.turns.get(request.request_id)
         arrival, seq = (turn.arrival, turn.seq) if turn is not None else (self.now(), -1)
-        order = self.queue_order
-        program = self.program_arrival(request) if order != "pinned_fcfs" else arrival
-        session_last = order == "sessionless_first" and session_key(request.session_id) is not None
+        program = self.program_arrival(request) if self._by_program else arrival
+        session_last = self._sessionless_first and session_key(request.session_id) is not None
         return (session_last, program, arrival, seq, request.request_id)
 
     def bounded(self, request: TurnRequest) -> bool:
