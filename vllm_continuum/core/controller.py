@@ -296,7 +296,7 @@ class PinController:
         turn = self.turns.pop(request.request_id, None)
         if turn is not None:
             self._dequeued(request, turn)
-        session = session_key(request.session_id)
+        session = turn.session if turn is not None else session_key(request.session_id)
         if session is None:
             return
         hints = turn.hints if turn is not None else NO_HINTS
@@ -363,7 +363,7 @@ class PinController:
         self._hand_over(request)
 
     def _hand_over(self, request: TurnRequest) -> None:
-        pin = self.pins.continued_by(session_key(request.session_id), request.block_hashes)
+        pin = self.pins.continued_by(self.queue.session(request), request.block_hashes)
         if pin is not None and pin.request_id != request.request_id:
             self.releaser.release(pin, ReleaseReason.RESUMED)
 

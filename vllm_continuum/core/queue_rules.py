@@ -120,12 +120,17 @@ class QueueRules:
         turn = self.turns.get(request.request_id)
         arrival, seq = (turn.arrival, turn.seq) if turn is not None else (self.now(), -1)
         program = self.program_arrival(request) if self._by_program else arrival
-        session_last = self._sessionless_first and session_key(request.session_id) is not None
+        session_last = self._sessionless_first and self.session(request) is not None
         return (session_last, program, arrival, seq, request.request_id)
 
     def bounded(self, request: TurnRequest) -> bool:
         """Whether it has the waiting bound (else the turn bound): program_order.py."""
-        return self.order.bounded(session_key(request.session_id))
+        return self.order.bounded(self.session(request))
+
+    def session(self, request: TurnRequest) -> str | None:
+        """Its session's key, as computed once at arrival (`Turn.session`)."""
+        turn = self.turns.get(request.request_id)
+        return turn.session if turn is not None else session_key(request.session_id)
 
     def entitled(self, request: TurnRequest) -> bool:
         """Whether its demand is a pin's cost: it may take pinned memory (a
