@@ -146,7 +146,7 @@ def scheduler_machine(
             queue = self.s.continuum.queue
             waiting = request.status == RequestStatus.WAITING
             if (pressure_policy == "yield" or not self.s.running
-                    or (waiting and queue.bounded(request) and queue.overdue(request))
+                    or (waiting and queue.has_waiting_bound(request) and queue.overdue(request))
                     or request.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED)):
                 return pins
             if waiting and queue.turn_overdue(request):
@@ -326,7 +326,7 @@ def scheduler_machine(
                 return
             request = make_request(self.finished_tokens[pin.request_id] + [self._fresh()],
                                    session=session)
-            assert self.s.continuum.pins.continued_by(session, request.block_hashes) is pin
+            assert self.s.continuum.pins.pin_continued_by(session, request.block_hashes) is pin
             self.s.add_request(request)
             self.s.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
             assert not self.s.continuum.pins.holds(pin)
@@ -399,15 +399,15 @@ def scheduler_machine(
             for waiting in self.s.waiting:
                 if waiting.status != RequestStatus.WAITING or waiting.request_id not in turns:
                     continue
-                bounded = queue.bounded(waiting)
+                bounded = queue.has_waiting_bound(waiting)
                 since = turns[waiting.request_id].arrival if bounded else queue.program_arrival(waiting)
                 for admitted in first:
                     if waiting.priority < admitted.priority:
                         raise AssertionError("a request of better priority was passed")
                     program = queue.program_arrival(admitted)
                     if bounded:  # an overdue turn of a program that came first may go first
-                        earlier_turn = (admitted.request_id in overdue and not queue.bounded(admitted)
-                                        and program < since)
+                        earlier_turn = (admitted.request_id in overdue
+                                        and not queue.has_waiting_bound(admitted) and program < since)
                         later = turns[admitted.request_id].arrival > since and not earlier_turn
                     else:
                         later = program > since
@@ -425,7 +425,7 @@ def scheduler_machine(
             for admitted in (self.s.requests[n.req_id] for n in out.scheduled_new_reqs):
                 if admitted.request_id in overdue or admitted.request_id not in queue.turns:
                     continue
-                if not queue.bounded(admitted) or admitted.num_preemptions:
+                if not queue.has_waiting_bound(admitted) or admitted.num_preemptions:
                     continue
                 for request_id in aged:
                     turn = self.s.requests[request_id]

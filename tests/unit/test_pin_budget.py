@@ -9,7 +9,7 @@ from vllm_continuum.core.pin_table import Pin, PinTable
 
 def pin(table: PinTable, session: str, rid: str, ids: tuple[int, ...], arrival: float = 0.0) -> Pin:
     p = Pin(session_id=session, request_id=rid, tool="t", blocks=list(ids), block_ids=ids,
-            created_at=0.0, expires_at=100.0, session_arrival=arrival,
+            created_at=0.0, expires_at=100.0, program_arrival=arrival,
             hashes=tuple(f"h{b}" for b in ids))
     table.add(p)
     return p

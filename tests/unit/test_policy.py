@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.hints import NO_HINTS, parse_hints
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable
-from vllm_continuum.core.pressure import blocks_freed, may_release_pins, pins_to_release
+from vllm_continuum.core.pressure import PressureRule, blocks_freed, pins_to_release
 from vllm_continuum.core.sessions import SessionRegistry
 from vllm_continuum.core.tool_calls import tool_name_from_text
 from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
@@ -136,12 +136,12 @@ def test_a_pin_belongs_to_its_prefix():
     fork = pin("s", hashes=["h1", "x2"])
     table.add(a)
     table.add(fork)
-    assert table.continued_by("s", ["h1", "h2", "h3", "h4"]) is a
-    assert table.continued_by("s", ["h1", "x2", "x3"]) is fork
-    assert table.continued_by("s", ["h1", "h2"]) is None  # stops short of the anchor
-    assert table.continued_by("other", ["h1", "h2", "h3"]) is None  # not its session
-    assert table.continued_by("s", ["z1", "z2", "z3"]) is None  # same id, other prefix
-    assert table.subsumed_by("s", ["h1", "h2", "h3", "h4"]) == [a]
+    assert table.pin_continued_by("s", ["h1", "h2", "h3", "h4"]) is a
+    assert table.pin_continued_by("s", ["h1", "x2", "x3"]) is fork
+    assert table.pin_continued_by("s", ["h1", "h2"]) is None  # stops short of the anchor
+    assert table.pin_continued_by("other", ["h1", "h2", "h3"]) is None  # not its session
+    assert table.pin_continued_by("s", ["z1", "z2", "z3"]) is None  # same id, other prefix
+    assert table.pins_subsumed_by("s", ["h1", "h2", "h3", "h4"]) == [a]
     assert table.get("s") is fork and table.of_session("s") == [a, fork]
 
 
@@ -208,9 +208,14 @@ def test_shared_blocks_are_freed_only_with_their_last_pin():
     ],
 )
 def test_may_release_pins(policy, running_request, anything_running, preempted, overdue, expected):
-    assert may_release_pins(
-        policy, running_request, anything_running, preempted=preempted, overdue=overdue
+    assert PressureRule.named(policy).may_release_pins(
+        running_request, anything_running, preempted=preempted, overdue=overdue
     ) is expected
+
+
+def test_pressure_policy_is_checked_once():
+    with pytest.raises(ValueError, match="pressure_policy"):
+        PressureRule.named("hodl")
 
 
 # -------------------------------------------------------------- lane queue
@@ -493,7 +498,7 @@ def test_an_aged_turn_goes_before_later_one_shots_that_are_not_overdue():
         lane_of=lambda r: REGULAR,
         key_of=lambda r: (r.session is not None, r.arrival, r.name),
         enqueued_at=lambda r: r.arrival,
-        bounded=lambda r: r.session is None,
+        has_waiting_bound=lambda r: r.session is None,
         program_of=lambda r: r.arrival,
         overdue=lambda r: r.name in overdue,
         aged=lambda r: r.name in aged,

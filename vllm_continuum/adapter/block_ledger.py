@@ -23,6 +23,7 @@ from vllm.logger import init_logger
 from vllm.v1.request import RequestStatus
 
 from vllm_continuum.adapter.vllm_internals import VllmInternals
+from vllm_continuum.core.ledger import hashes_per_block
 from vllm_continuum.core.pin_value import PoolState
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class VllmBlockLedger:
         O(waiting x log blocks)."""
         s = self._scheduler
         groups = list(range(len(s.kv_cache_config.kv_cache_groups)))
-        per_block = max(1, s.block_size // (getattr(s, "hash_block_size", None) or s.block_size))
+        per_block = hashes_per_block(s.block_size, getattr(s, "hash_block_size", None))
         demand = 0
         for request in s.waiting:
             if not counted(request):

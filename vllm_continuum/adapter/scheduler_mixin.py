@@ -39,7 +39,6 @@ from vllm_continuum.adapter.compat import check_vllm_version
 from vllm_continuum.config import ContinuumConfig, config_from_vllm
 from vllm_continuum.core.affinity import AffinityMonitor
 from vllm_continuum.core.controller import PinController
-from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.tool_calls import ToolCallDetector, vocab_token_id
 from vllm_continuum.core.ttl import make_ttl_policy
 from vllm_continuum.core.waiting_queue import LaneQueue
@@ -134,7 +133,7 @@ class ContinuumSchedulerMixin:
                          arrived=self._arrived(request))
             try:
                 self._affinity.on_arrival(
-                    session_key(request.session_id), request.request_id,
+                    c.session(request), request.request_id,
                     request.prompt_token_ids or (),
                 )
             except Exception:  # noqa: BLE001  (a signal must never fail a request)
@@ -180,7 +179,7 @@ class ContinuumSchedulerMixin:
         # its blocks until it has sent them (then _free_request_blocks runs later).
         try:
             self._affinity.on_finish(
-                session_key(request.session_id), request.request_id, request.output_token_ids
+                self.continuum.session(request), request.request_id, request.output_token_ids
             )
         except Exception:  # noqa: BLE001  (a signal must never fail a request)
             logger.debug("continuum: affinity signal failed", exc_info=True)
@@ -240,7 +239,7 @@ class ContinuumSchedulerMixin:
         c = self.continuum
         stats.publish(
             pins=c.pins, pool_size=self._ledger.pool_size, now=c.clock(),
-            idle=not self.has_requests(), held=c.held,
+            idle=not self.has_requests(), kept_past_ttl=c.kept_past_ttl,
         )
 
     def _arrived(self, request: Request) -> float:

@@ -38,6 +38,7 @@ from vllm_continuum.core.pin_maker import PinMaker, PinMakerEvents
 from vllm_continuum.core.pin_release import PinReleaser, ReleaseEvents
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
 from vllm_continuum.core.pin_value import PoolState, demand_exceeds_free, marginal_blocks, pin_pressure
+from vllm_continuum.core.pressure import PressureRule
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.sessions import SessionRegistry, session_key
@@ -64,7 +65,7 @@ class PinEvents(PinMakerEvents, ReleaseEvents, Protocol):
 
 
 @dataclass
-class Ended:
+class PendingPin:
     """A finished tool-call turn whose blocks have not been freed yet."""
 
     session: str
@@ -127,8 +128,8 @@ class PinController:
         # Requests of each session not admitted yet, in arrival order.
         self._queued: dict[str, dict[str, TurnRequest]] = {}
         # Ends whose blocks are not freed yet: by request id, and per session.
-        self._ended: dict[str, Ended] = {}
-        self._ended_of: dict[str, dict[str, Ended]] = {}
+        self._ended: dict[str, PendingPin] = {}
+        self._ended_of: dict[str, dict[str, PendingPin]] = {}
         self._arrivals = itertools.count(1)
         self._seq = 0  # arrivals so far
         self._on_lane_change = on_lane_change
@@ -145,13 +146,14 @@ class PinController:
         self._policy, self._pool_state, self._ledger = policy, pool_state, ledger
         revisit = self._revisit if hasattr(policy, "revisit") else None
         self.releaser = PinReleaser(self.pins, ledger, stats, self.queue,
-                                    pressure_policy=config.pressure_policy, step=lambda: self.step,
+                                    pressure=PressureRule.named(config.pressure_policy), now=self.now,
+                                    step=lambda: self.step,
                                     on_gone=self._pin_gone, revisit=revisit)
         # `pool_state`: the pool's free blocks and waiting demand, for `pin_cost:
         # pressure` (None: unknown, Eq. 2's cost), read only when a pin is decided.
         self.maker = PinMaker(config, policy, self.pins, ledger, self.releaser, self.queue, stats,
                               block_size=block_size, hash_block_size=hash_block_size,
-                              one_kv_group=one_kv_group, pool_state=pool_state)
+                              one_kv_group=one_kv_group, pool_state=pool_state, now=self.now)
 
     # ------------------------------------------------------------ front door
     def lane_queue(self, queue_cls: type[LaneQueue]) -> LaneQueue:
@@ -160,8 +162,7 @@ class PinController:
 
     def profile_note(self, max_model_len: int) -> str | None:
         """What the TTL policy has to say about its prefill profile, if anything."""
-        note = getattr(self.maker.ttl_policy, "profile_note", None)
-        return note(max_model_len) if note is not None else None
+        return self.maker.ttl_policy.profile_note(max_model_len)
 
     def release_expired(self) -> None:
         """Between steps (a request arrives): let pins past their TTL go, with
@@ -178,9 +179,13 @@ class PinController:
         cover its shortfall and retry once (pin_release.py)."""
         return self.releaser.retry_with_pins_released(request, retry, **allocation)
 
-    def held(self, pin: Pin) -> bool:
+    def kept_past_ttl(self, pin: Pin) -> bool:
         """Whether the pin is past its TTL, kept for its queued turn (one step of grace)."""
-        return self.releaser.held(pin)
+        return self.releaser.kept_past_ttl(pin)
+
+    def session(self, request: TurnRequest) -> str | None:
+        """The request's session key, as computed once when it arrived."""
+        return self.queue.session(request)
 
     def _revisit(self, pin: Pin, now: float) -> float:
         """A pin reached its TTL: how much longer the policy holds it, asked
@@ -241,11 +246,11 @@ class PinController:
         seen = self.sessions.observe_arrival(session, now, request.block_hashes, arrival)
         turn.continues, turn.first_turn = seen.continues, seen.first_turn
         measured = seen.measured
-        pin = self.pins.continued_by(session, request.block_hashes)
+        pin = self.pins.pin_continued_by(session, request.block_hashes)
         # The session table is bounded and forgets idle programs; a live pin
         # is the truth about its program whatever the table says.
         if pin is not None and not seen.continues:
-            self.sessions.adopt(session, pin.session_arrival, pin.anchor)
+            self.sessions.adopt(session, pin.program_arrival, pin.anchor)
             turn.continues, turn.first_turn = True, False
             measured = (pin.tool, max(0.0, now - pin.created_at))
         elif pin is None and self.pins.has_session(session):
@@ -316,7 +321,7 @@ class PinController:
             # Only the pins whose context it continues: a request that merely
             # carries the id (guessed, or the table forgot the session) must
             # not free another program's pins; a fork's other branches expire.
-            for pin in self.pins.all_continued_by(session, hashes):
+            for pin in self.pins.pins_continued_by(session, hashes):
                 self.releaser.release(pin, ReleaseReason.LAST_TURN)
             if of_program:
                 self.workload.programs.add(self.sessions.end_program(session))
@@ -327,7 +332,7 @@ class PinController:
             return
         if self.pinning:
             program_arrival = turn.program_arrival if turn is not None else self.now()
-            ended = Ended(session, tool, hints, program_arrival, seq=self._seq)
+            ended = PendingPin(session, tool, hints, program_arrival, seq=self._seq)
             self._ended[request.request_id] = ended
             self._ended_of.setdefault(session, {})[request.request_id] = ended
 
@@ -363,7 +368,7 @@ class PinController:
         self._hand_over(request)
 
     def _hand_over(self, request: TurnRequest) -> None:
-        pin = self.pins.continued_by(self.queue.session(request), request.block_hashes)
+        pin = self.pins.pin_continued_by(self.queue.session(request), request.block_hashes)
         if pin is not None and pin.request_id != request.request_id:
             self.releaser.release(pin, ReleaseReason.RESUMED)
 

@@ -12,6 +12,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 
+def hashes_per_block(block_size: int, hash_block_size: int | None) -> int:
+    """Block hashes per KV block: vLLM hashes at `hash_block_size` tokens
+    (the block size unless a hybrid model's groups differ)."""
+    return max(1, block_size // (hash_block_size or block_size))
+
+
 class BlockLedger(Protocol):
     @property
     def pool_size(self) -> int:

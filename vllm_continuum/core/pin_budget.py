@@ -40,7 +40,7 @@ def session_quota_cut(pins: PinTable, session: str, block_ids: Sequence[int | No
     new pin's blocks' ids in order (None for a null block)."""
     kept = len(block_ids)
     while True:  # fewer kept blocks replace fewer pins: a few rounds at most
-        replaced = pins.subsumed_by(session, hashes[: kept * hashes_per_block])
+        replaced = pins.pins_subsumed_by(session, hashes[: kept * hashes_per_block])
         others = pins.session_count_with(session, (), without=replaced)
         new = [i for i, b in enumerate(block_ids[:kept])
                if b is not None and not pins.session_holds(session, b, without=replaced)]
@@ -58,7 +58,7 @@ def cap_victims(pins: PinTable, ids: tuple[int, ...], replaced: list[Pin], arriv
     total = pins.count_with(ids, without=replaced)
     if total <= cap:
         return []
-    candidates = (p for p in takewhile(lambda p: p.session_arrival > arrival, pins.release_order())
+    candidates = (p for p in takewhile(lambda p: p.program_arrival > arrival, pins.release_order())
                   if p not in replaced)
     going = Counter(b for p in replaced for b in p.block_id_set)
     victims = pins_to_release(candidates, total - cap, lambda b: pins.refs(b) - going[b], keep=set(ids))

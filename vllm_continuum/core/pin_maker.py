@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from vllm_continuum.core.hints import Hints
-from vllm_continuum.core.ledger import BlockLedger
+from vllm_continuum.core.ledger import BlockLedger, hashes_per_block
 from vllm_continuum.core.pin_budget import cap_victims, session_quota_cut
 from vllm_continuum.core.pin_release import PinReleaser
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
@@ -57,16 +57,18 @@ class PinMaker:
         hash_block_size: int,
         one_kv_group: bool,
         pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None],
+        now: Callable[[], float],
     ) -> None:
         """`one_kv_group`: else a pin cannot keep only its first blocks;
         `pool_state(counted)`: the pool's free blocks and the demand of the
-        waiting requests `counted` says are a pin's cost (None: unknown)."""
+        waiting requests `counted` says are a pin's cost (None: unknown); `now`:
+        the controller's clock."""
         self.config, self.ttl_policy = config, ttl_policy
         self.pins, self.ledger, self.releaser, self.queue, self.stats = pins, ledger, releaser, queue, stats
         self.block_size, self.hash_block_size = block_size, hash_block_size
-        self.hashes_per_block = max(1, block_size // hash_block_size)
+        self.hashes_per_block = hashes_per_block(block_size, hash_block_size)
         self.one_kv_group = one_kv_group
-        self.pool_state = pool_state
+        self.pool_state, self.now = pool_state, now
 
     def pin(self, request: TurnRequest, session: str, tool: str, hints: Hints, arrival: float) -> Pin | None:
         """Pin what the finished `request` (a turn of `session`, whose program
@@ -102,7 +104,7 @@ class PinMaker:
             self.releaser.release(old, ReleaseReason.REPLACED)
         for victim in victims:
             self.releaser.release(victim, ReleaseReason.PRESSURE)
-        now = self.queue.now()
+        now = self.now()
         pin = Pin(
             session_id=session,
             request_id=request.request_id,
@@ -111,7 +113,7 @@ class PinMaker:
             block_ids=kept_ids,
             created_at=now,
             expires_at=now + ttl_s,
-            session_arrival=arrival,
+            program_arrival=arrival,
             anchor=anchor,
             hashes=kept_hashes,
             fence=fence,
@@ -125,13 +127,9 @@ class PinMaker:
 
     def _ttl(self, turn: TurnEnd, kept_ids: tuple[int, ...]) -> tuple[float, float | None, bool]:
         """(TTL, contested TTL, revisable) of a pin of `kept_ids`, as the policy decides."""
-        if getattr(self.ttl_policy, "reads_pool", False) and turn.hinted_ttl_s is None:
-            # Contention counts the waiting requests entitled to pinned memory.
-            pool = self.pool_state(self.queue.entitled)
-            own = marginal_blocks(kept_ids, self.ledger.ref_count) if demand_exceeds_free(pool) else 0
-            turn = replace(turn, pool=pool, marginal_blocks=own)
-        elif self.config.pin_cost == "pressure":
-            # Counting the pin's own blocks is O(blocks): only where it is read.
+        if self.ttl_policy.reads_pool and turn.hinted_ttl_s is None:
+            # Contention counts the waiting requests entitled to pinned memory;
+            # counting the pin's own blocks is O(blocks): only where it is read.
             pool = self.pool_state(self.queue.entitled)
             own = marginal_blocks(kept_ids, self.ledger.ref_count) if demand_exceeds_free(pool) else 0
             turn = replace(turn, pool=pool, marginal_blocks=own)

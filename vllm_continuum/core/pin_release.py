@@ -33,7 +33,7 @@ from typing import Protocol, TypeVar
 
 from vllm_continuum.core.ledger import BlockLedger
 from vllm_continuum.core.pin_table import Pin, PinTable, ReleaseReason
-from vllm_continuum.core.pressure import PressurePolicy, may_release_pins, pins_to_release
+from vllm_continuum.core.pressure import PressureRule, pins_to_release
 from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.turn import TurnRequest
 
@@ -54,18 +54,19 @@ class PinReleaser:
         stats: ReleaseEvents,
         queue: QueueRules,
         *,
-        pressure_policy: PressurePolicy,
+        pressure: PressureRule,
+        now: Callable[[], float],
         step: Callable[[], int],
         on_gone: Callable[[Pin], None],
         revisit: Callable[[Pin, float], float] | None = None,
     ) -> None:
-        """`queue`: who is overdue or entitled, and the clock, order and bounds
-        it reads; `step`: the scheduling steps so far (an expired pin's grace is
+        """`queue`: who is overdue or entitled, and the order and bounds it
+        reads; `now`: the controller's clock; `step`: the scheduling steps so far (an expired pin's grace is
         one of them); `on_gone(pin)`: a pin left the table (its waiting turns
         change lane)."""
         self.pins, self.ledger, self.stats, self.queue = pins, ledger, stats, queue
-        self.pressure_policy = pressure_policy
-        self._step, self._on_gone = step, on_gone
+        self.pressure = pressure
+        self.now, self._step, self._on_gone = now, step, on_gone
         # `revisit(pin, now)`: how much longer a revisable pin past its TTL is held (0: not).
         self._revisit = revisit
 
@@ -73,7 +74,7 @@ class PinReleaser:
         if not self.pins.remove(pin):
             return
         self.ledger.give_back(pin.blocks, pin.fence)
-        self.stats.on_release(pin, reason, self.queue.now())
+        self.stats.on_release(pin, reason, self.now())
         self._on_gone(pin)
 
     def release_all(self, reason: ReleaseReason) -> None:
@@ -82,7 +83,7 @@ class PinReleaser:
 
     def release_continued(self, session: str, hashes: Sequence[Hashable], reason: ReleaseReason) -> None:
         """The session's pin whose context `hashes` continue, if any."""
-        pin = self.pins.continued_by(session, hashes)
+        pin = self.pins.pin_continued_by(session, hashes)
         if pin is not None:
             self.release(pin, reason)
 
@@ -90,7 +91,7 @@ class PinReleaser:
         """Pins past their TTL; one whose next turn is queued stays until step `grace_until`."""
         if not self.pins:
             return
-        now = self.queue.now()
+        now = self.now()
         for pin in self.pins.expired(now):
             if pin.revisable and not pin.waiters and self._revisit is not None:
                 more = self._revisit(pin, now)
@@ -106,7 +107,7 @@ class PinReleaser:
                 self.release(pin, ReleaseReason.EXPIRED)
 
     @staticmethod
-    def held(pin: Pin) -> bool:
+    def kept_past_ttl(pin: Pin) -> bool:
         """Whether the pin is past its TTL, kept for its queued turn."""
         return pin.grace_step is not None
 
@@ -134,9 +135,9 @@ class PinReleaser:
         if not victims:
             return None
         queue = self.queue
-        overdue = waiting and queue.bounded(request) and queue.overdue(request)
-        if not may_release_pins(self.pressure_policy, running, anything_running=anything_running,
-                                preempted=preempted, overdue=overdue):
+        overdue = waiting and queue.has_waiting_bound(request) and queue.overdue(request)
+        if not self.pressure.may_release_pins(running, anything_running=anything_running,
+                                              preempted=preempted, overdue=overdue):
             victims = pins_to_release(self._takeable(request, waiting), shortfall, refs, keep=keep)
             if not victims:
                 self._held(request, waiting, shortfall, keep)
@@ -151,11 +152,11 @@ class PinReleaser:
         of later programs once its turn bound passed, pins of programs that
         lost their precedence, and (for a request entitled to pinned memory)
         pins past their contested TTL."""
-        queue, now = self.queue, self.queue.now()
+        queue, now = self.queue, self.now()
         later = iter(())
         if waiting and queue.turn_overdue(request):
             later = takewhile(queue.later_program(request), self.pins.release_order())
-        lost = takewhile(lambda p: queue.order.lost_precedence(p.session_arrival, now),
+        lost = takewhile(lambda p: queue.order.lost_precedence(p.program_arrival, now),
                          self.pins.oldest_programs_first())
         contested = iter(())
         if queue.entitled(request):
@@ -173,14 +174,14 @@ class PinReleaser:
         requests behind it are not counted as held). Otherwise everyone
         waiting waits for pins (the waiting bound)."""
         queue = self.queue
-        if waiting and not queue.bounded(request):
+        if waiting and not queue.has_waiting_bound(request):
             later = takewhile(queue.later_program(request), self.pins.release_order())
             if pins_to_release(self._releasable(later), shortfall, self.ledger.ref_count, keep=keep):
                 queue.held_by_later_pins(request)
             elif queue.aged(request):
                 queue.waits_for_earlier_programs(request)
                 return
-        queue.bound.held_by_pins(queue.level(request), queue.now())
+        queue.bound.held_by_pins(queue.level(request), self.now())
 
     def _release_and_retry(self, request: TurnRequest, victims: list[Pin], retry: Callable[[], T | None]) -> T | None:
         for pin in victims:
@@ -194,7 +195,7 @@ class PinReleaser:
                 self.ledger.take_back(pin.blocks)
                 self.pins.add(pin)
             return None
-        now = self.queue.now()
+        now = self.now()
         for pin in victims:
             self.stats.on_release(pin, ReleaseReason.PRESSURE, now)
             self._on_gone(pin)

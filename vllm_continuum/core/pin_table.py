@@ -75,7 +75,7 @@ class Pin:
     created_at: float
     expires_at: float
     # First arrival of the session: pins of later programs are released first.
-    session_arrival: float
+    program_arrival: float
     anchor: Anchor | None = None
     hashes: tuple[Hashable, ...] = ()  # the held blocks' hashes, in order
     # Opaque token for the adapter (e.g. the step after which freeing is safe).
@@ -212,8 +212,8 @@ class PinTable:
         _increment(self._refs, blocks)
         _increment(self._session_refs.setdefault(pin.session_id, Counter()), blocks)
         heapq.heappush(self._deadlines, (pin.expires_at, pin.seq, pin.request_id))
-        heapq.heappush(self._release, ((-pin.session_arrival, -pin.seq), pin.seq, pin.request_id))
-        heapq.heappush(self._oldest, ((pin.session_arrival, pin.seq), pin.seq, pin.request_id))
+        heapq.heappush(self._release, ((-pin.program_arrival, -pin.seq), pin.seq, pin.request_id))
+        heapq.heappush(self._oldest, ((pin.program_arrival, pin.seq), pin.seq, pin.request_id))
         if pin.contested_at != float("inf"):
             heapq.heappush(self._contested, (pin.contested_at, pin.seq, pin.request_id))
 
@@ -238,7 +238,7 @@ class PinTable:
         return True
 
     # --- which pin a request of the session continues --------------------------
-    def continued_by(self, session_id: str | None, hashes: Sequence[Hashable]) -> Pin | None:
+    def pin_continued_by(self, session_id: str | None, hashes: Sequence[Hashable]) -> Pin | None:
         """The pin of `session_id` whose context a prompt with these block
         hashes continues: the longest anchor reached, then the newest pin."""
         best = None
@@ -249,13 +249,13 @@ class PinTable:
                 best = pin
         return best
 
-    def all_continued_by(self, session_id: str | None, hashes: Sequence[Hashable]) -> list[Pin]:
+    def pins_continued_by(self, session_id: str | None, hashes: Sequence[Hashable]) -> list[Pin]:
         """Every pin of `session_id` whose context these block hashes continue.
         O(min(prompt blocks, the session's pins))."""
         return self._matching(self._anchors, session_id, hashes,
                               lambda p: p.anchor is not None and p.anchor.continued_by(hashes))
 
-    def subsumed_by(self, session_id: str, hashes: Sequence[Hashable]) -> list[Pin]:
+    def pins_subsumed_by(self, session_id: str, hashes: Sequence[Hashable]) -> list[Pin]:
         """Pins of the session whose every block a context with these hashes holds."""
         return self._matching(self._tails, session_id, hashes, lambda p: p.subsumed_by(hashes))
 

@@ -29,22 +29,35 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 PressurePolicy = Literal["yield", "hold"]
 
 
-def may_release_pins(
-    policy: PressurePolicy,
-    for_running_request: bool,
-    anything_running: bool,
-    *,
-    preempted: bool = False,
-    overdue: bool = False,
-) -> bool:
-    if for_running_request or preempted or overdue or policy == "yield":
-        return True
-    return not anything_running
+@dataclass(frozen=True)
+class PressureRule:
+    """`pressure_policy`, resolved once when the controller is built."""
+
+    pins_yield: bool  # yield: to any waiting request; hold: as above
+
+    @classmethod
+    def named(cls, policy: PressurePolicy) -> PressureRule:
+        if policy not in ("yield", "hold"):
+            raise ValueError(f"pressure_policy must be 'hold' or 'yield', not {policy!r}")
+        return cls(pins_yield=policy == "yield")
+
+    def may_release_pins(
+        self,
+        for_running_request: bool,
+        anything_running: bool,
+        *,
+        preempted: bool = False,
+        overdue: bool = False,
+    ) -> bool:
+        if for_running_request or preempted or overdue or self.pins_yield:
+            return True
+        return not anything_running
 
 
 class HoldsBlocks(Protocol):

@@ -24,7 +24,7 @@ The rules (`admission: program`), read by the controller:
   progress: until its next turn, at most its TTL (`max_ttl_s`), its program's
   last turn, or the deadlock guard.
 - Requests without a session (one-shots, short) keep the waiting bound
-  `max_queue_delay_s` (`bounded`): past it they go first and pins give way;
+  `max_queue_delay_s` (`has_waiting_bound`): past it they go first and pins give way;
   only their demand, and preempted requests', makes a pin costly (`entitled`).
 - An endless session must not starve the rest: a program keeps its
   precedence for `program_precedence_s` from its first arrival; past it,
@@ -67,7 +67,7 @@ class ProgramOrder:
             raise ValueError(f"admission must be 'program' or 'request', not {self.admission!r}")
         object.__setattr__(self, "by_program", self.admission == "program")
 
-    def bounded(self, session: str | None) -> bool:
+    def has_waiting_bound(self, session: str | None) -> bool:
         """Whether a request has the time bound `max_queue_delay_s`, and may
         take pinned memory once it is overdue (and counts as a pin's cost)."""
         return not self.by_program or session is None

@@ -82,7 +82,7 @@ class QueueRules:
             enqueued_at=self.arrival,
             overdue=self.overdue,
             priority_of=self.level,
-            bounded=self.bounded,
+            has_waiting_bound=self.has_waiting_bound,
             program_of=self.program_arrival,
             aging_from=self.aging_from,
             aged=self.aged,
@@ -123,9 +123,9 @@ class QueueRules:
         session_last = self._sessionless_first and self.session(request) is not None
         return (session_last, program, arrival, seq, request.request_id)
 
-    def bounded(self, request: TurnRequest) -> bool:
+    def has_waiting_bound(self, request: TurnRequest) -> bool:
         """Whether it has the waiting bound (else the turn bound): program_order.py."""
-        return self.order.bounded(self.session(request))
+        return self.order.has_waiting_bound(self.session(request))
 
     def session(self, request: TurnRequest) -> str | None:
         """Its session's key, as computed once at arrival (`Turn.session`)."""
@@ -136,24 +136,24 @@ class QueueRules:
         """Whether its demand is a pin's cost: it may take pinned memory (a
         preempted request always; under program admission a waiting one only if
         it has the waiting bound, program_order.py)."""
-        return request.status == self._preempted or self.bounded(request)
+        return request.status == self._preempted or self.has_waiting_bound(request)
 
     def overdue(self, request: TurnRequest) -> bool:
         """Its extra wait lasted its bound: with the waiting bound, it goes first
         and pins give way; with the turn bound, it goes before later programs'
         requests and their pins give way (`turn_overdue`)."""
-        if self.bounded(request):
+        if self.has_waiting_bound(request):
             return self.bound.overdue(self.arrival(request), self.level(request), self.now())
         return self.turn_overdue(request)
 
     def turn_overdue(self, request: TurnRequest) -> bool:
         # An infinite bound (the default) is never passed: nothing to look up.
-        return not self.turn_bound.off and not self.bounded(request) and self.turn_bound.overdue(
+        return not self.turn_bound.off and not self.has_waiting_bound(request) and self.turn_bound.overdue(
             self.program_arrival(request), self.level(request), self.now())
 
     def aged(self, request: TurnRequest) -> bool:
         """Later requests without a session have gone ahead of this turn for its bound."""
-        return not self.aging.off and not self.bounded(request) and self.aging.overdue(
+        return not self.aging.off and not self.has_waiting_bound(request) and self.aging.overdue(
             self.aging_from(request), self.level(request), self.now())
 
     def went_ahead(self, request: TurnRequest) -> None:
@@ -161,7 +161,7 @@ class QueueRules:
         (a turn that continued its pinned context starts no turn's)."""
         level, now, arrival = self.level(request), self.now(), self.arrival(request)
         self.bound.went_ahead(arrival, level, now)
-        if self.bounded(request):
+        if self.has_waiting_bound(request):
             if not self.aging.off:  # an infinite bound's marks are never read
                 self.aging.went_ahead(arrival, level, now)
         elif not self.turn_bound.off and not self._continued_its_pin(request):
@@ -195,4 +195,4 @@ class QueueRules:
     def later_program(self, request: TurnRequest) -> Callable[[Pin], bool]:
         """Whether a pin belongs to a program that arrived after the request's."""
         program = self.program_arrival(request)
-        return lambda pin: pin.session_arrival > program
+        return lambda pin: pin.program_arrival > program

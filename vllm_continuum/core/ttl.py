@@ -73,6 +73,7 @@ class TTLDecision:
 class TTLPolicy(ABC):
     name: str
     honours_hints = True
+    reads_pool = False  # its decisions read the pool's state (`TurnEnd.pool`)
 
     def __init__(self, max_ttl_s: float) -> None:
         self.max_ttl_s = max_ttl_s
@@ -89,6 +90,10 @@ class TTLPolicy(ABC):
     @abstractmethod
     def choose(self, turn: TurnEnd) -> TTLDecision:
         """The policy's own TTL, before hints and the cap."""
+
+    def profile_note(self, max_model_len: int) -> str | None:
+        """What the policy has to say about its prefill profile, if anything."""
+        return None
 
 
 class FixedTTLPolicy(TTLPolicy):
@@ -179,7 +184,12 @@ class ContinuumTTLPolicy(TTLPolicy):
         self.profile = profile
         self.k = cold_start_samples
         self.prior_samples = prior_samples  # None: the paper's switch at K samples
-        self.pin_cost = pin_cost  # "always" (Eq. 2), "pressure" or "demand"
+        # `pin_cost`, resolved once: how Eq. 2's cost is charged.
+        costs = {"always": self._at_full_cost, "demand": self._on_demand, "pressure": self._at_pressure}
+        if pin_cost not in costs:
+            raise ValueError(f"pin_cost must be one of {sorted(costs)}, not {pin_cost!r}")
+        self._charged = costs[pin_cost]
+        self.reads_pool = pin_cost == "pressure"
 
     def profile_note(self, max_model_len: int) -> str | None:
         return self.profile.clamp_note(max_model_len)
@@ -189,20 +199,31 @@ class ContinuumTTLPolicy(TTLPolicy):
         return max(0.0, self.workload.mean_queueing_delay_s * eta + reload)
 
     def choose(self, turn: TurnEnd) -> TTLDecision:
-        """Eq. 2 on the configured CDF, at the cost `pin_cost` names. always:
-        the TTL is Eq. 2's. pressure: Eq. 2 with the cost scaled by the pin's
-        pressure now. demand: no cost until someone waits (the TTL is
-        `max_ttl_s`). With both, the pin holds against waiting requests only
-        for Eq. 2's TTL at full cost (`contested_ttl_s`)."""
-        ttl_at, benefit, source = self._eq2(turn)
-        full = ttl_at(benefit)
-        if self.pin_cost == "always":
-            return TTLDecision(full, source)
-        if self.pin_cost == "demand":
-            return TTLDecision(math.inf, source, contested_ttl_s=full)
+        """Eq. 2 on the configured CDF, at the cost `pin_cost` names."""
+        return self._charged(turn, *self._eq2(turn))
+
+    @staticmethod
+    def _at_full_cost(turn: TurnEnd, ttl_at: Callable[[float], float], benefit: float,
+                      source: str) -> TTLDecision:
+        """always: Eq. 2's TTL."""
+        return TTLDecision(ttl_at(benefit), source)
+
+    @staticmethod
+    def _on_demand(turn: TurnEnd, ttl_at: Callable[[float], float], benefit: float,
+                   source: str) -> TTLDecision:
+        """demand: no cost until someone waits (the TTL is `max_ttl_s`); then
+        the pin holds against waiting requests only for Eq. 2's TTL at full
+        cost (`contested_ttl_s`)."""
+        return TTLDecision(math.inf, source, contested_ttl_s=ttl_at(benefit))
+
+    @staticmethod
+    def _at_pressure(turn: TurnEnd, ttl_at: Callable[[float], float], benefit: float,
+                     source: str) -> TTLDecision:
+        """pressure: Eq. 2 with the cost scaled by the pin's pressure now;
+        contested as under demand."""
         pressure = pin_pressure(turn.pool, turn.marginal_blocks)
         per_cost = benefit / pressure if pressure > 0 else (math.inf if benefit > 0 else 0.0)
-        return TTLDecision(ttl_at(per_cost), source, contested_ttl_s=full)
+        return TTLDecision(ttl_at(per_cost), source, contested_ttl_s=ttl_at(benefit))
 
     def _eq2(self, turn: TurnEnd) -> tuple[Callable[[float], float], float, str]:
         """(tau*(B) on the turn's duration CDF, B, the CDF's name)."""

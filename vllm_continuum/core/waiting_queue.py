@@ -8,7 +8,7 @@ vLLM's priority first: the lanes only order requests of equal priority):
    earliest program's), before every request of a later program
    (`program_of`; a request without a session is a program of its own), and
    only those: a turn waits for the programs ahead of it, and only for them;
-3. the oldest overdue request with the *waiting bound* (`bounded`: under
+3. the oldest overdue request with the *waiting bound* (`has_waiting_bound`: under
    program admission, requests without a session): from then on no request
    that arrived after it goes first, but overdue turns of programs that
    arrived before it;
@@ -69,13 +69,13 @@ class LaneQueue(Generic[R]):
         enqueued_at: Callable[[R], float] = lambda r: 0.0,
         overdue: Callable[[R], bool] = lambda r: False,
         priority_of: Callable[[R], int] = lambda r: 0,
-        bounded: Callable[[R], bool] = lambda r: True,
+        has_waiting_bound: Callable[[R], bool] = lambda r: True,
         program_of: Callable[[R], float] = lambda r: 0.0,
         aging_from: Callable[[R] , float] | None = None,
         aged: Callable[[R], bool] = lambda r: False,
         turn_bounds: tuple[bool, bool] = (True, True),
     ) -> None:
-        """`bounded`: whether a request has the waiting bound (else it has the
+        """`has_waiting_bound`: whether a request has the waiting bound (else it has the
         turn bound and aging); `program_of`: its program's place in arrival
         order (the turn bound's order); `aging_from`: where a turn's aging
         counts from (default: its enqueue time); `overdue`, `aged`: whether its
@@ -87,7 +87,7 @@ class LaneQueue(Generic[R]):
         self._enqueued_at = enqueued_at
         self._overdue = overdue
         self._priority_of = priority_of
-        self._bounded = bounded
+        self._has_waiting_bound = has_waiting_bound
         self._program_of = program_of
         self._aging_from = aging_from or enqueued_at
         self._aged_out = aged
@@ -199,7 +199,7 @@ class LaneQueue(Generic[R]):
         else:
             key = (priority, lane, self._key_of(request))
             enqueued = self._enqueued_at(request)
-            if self._bounded(request):
+            if self._has_waiting_bound(request):
                 ages = [(WAITING_BOUND, (enqueued,))]
             else:
                 turn_bound, aging = self._turn_bounds
@@ -240,7 +240,7 @@ class LaneQueue(Generic[R]):
         turn = self._overdue_first((TURN_BOUND, priority))
         if turn is not None and self._program_of(head) > self._program_of(turn):
             return turn  # before any request of a later program
-        if overdue is None and self._bounded(head):
+        if overdue is None and self._has_waiting_bound(head):
             aged = self._first_aged((AGING, priority))
             if (aged is not None and self._aging_from(aged) < self._enqueued_at(head)
                     and self._aged_out(aged)):

@@ -76,7 +76,7 @@ class ContinuumStats:
         self._published_idle = True  # the engine starts idle
         if self.writer is not None:
             # The metrics exist (at zero) from start-up, before any request.
-            self._write(pins=(), pool_size=0, now=0.0, idle=True, held=lambda _: False)
+            self._write(pins=(), pool_size=0, now=0.0, idle=True, kept_past_ttl=lambda _: False)
 
     # --- events ------------------------------------------------------------
     def on_pin(self, pin: Pin) -> None:
@@ -151,9 +151,9 @@ class ContinuumStats:
         pool_size: int,
         now: float,
         idle: bool,
-        held: Callable[[Pin], bool],
+        kept_past_ttl: Callable[[Pin], bool],
     ) -> None:
-        """The scheduler's state after a step; `held(pin)` tells whether a
+        """The scheduler's state after a step; `kept_past_ttl(pin)` tells whether a
         pin is kept past its TTL for a queued turn. Called on every step:
         returns after two comparisons unless a snapshot is due."""
         self._published_idle = idle
@@ -169,10 +169,10 @@ class ContinuumStats:
             and monotonic() - self._written_at < PUBLISH_INTERVAL_S
         ):
             return
-        self._write(pins, pool_size, now, idle, held)
+        self._write(pins, pool_size, now, idle, kept_past_ttl)
 
     def snapshot(
-        self, pins: Iterable[Pin], pool_size: int, now: float, idle: bool, held
+        self, pins: Iterable[Pin], pool_size: int, now: float, idle: bool, kept_past_ttl
     ) -> dict:
         """What the front end needs, as JSON-ready data (format: metrics/snapshot.py)."""
         return {
@@ -181,7 +181,7 @@ class ContinuumStats:
             "clock": now,
             "idle": idle,
             "pool_blocks": pool_size,
-            "pins": pin_rows(pins, now, held, self._tool_label),
+            "pins": pin_rows(pins, now, kept_past_ttl, self._tool_label),
             "pins_by_tool": dict(self.pins_by_tool),
             "releases_by_reason": dict(self.releases_by_reason),
             "resumes_by_outcome": dict(self.resumes_by_outcome),
@@ -198,10 +198,10 @@ class ContinuumStats:
             "pin_held_seconds": self.pin_held_seconds.to_json(),
         }
 
-    def _write(self, pins, pool_size: int, now: float, idle: bool, held) -> None:
+    def _write(self, pins, pool_size: int, now: float, idle: bool, kept_past_ttl) -> None:
         assert self.writer is not None
         changes = self._changes
-        self.writer.write(self.snapshot(pins, pool_size, now, idle, held))
+        self.writer.write(self.snapshot(pins, pool_size, now, idle, kept_past_ttl))
         # Even a failed write is not retried every step (a gone directory
         # stays gone); the next change tries again.
         self._written_changes = changes

@@ -93,5 +93,5 @@ class Instance:
             return False
         from vllm_continuum.core.sessions import session_key
 
-        pin = pins.continued_by(session_key(request.session_id), request.block_hashes)
+        pin = pins.pin_continued_by(session_key(request.session_id), request.block_hashes)
         return pin is not None and pin.expires_at > now
