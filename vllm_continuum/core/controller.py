@@ -137,11 +137,8 @@ class PinController:
         self._step_time: float | None = None  # the clock as the step in progress began
         self._warned_hints: set[str] = set()
         # Where each waiting request goes in the queue, and who is overdue or entitled.
-        self.queue = QueueRules(queue_order=config.queue_order, turns=self.turns, pins=self.pins,
-                                order=self.order, max_queue_delay_s=config.max_queue_delay_s,
-                                max_turn_delay_s=config.max_turn_delay_s,
-                                max_turn_aging_s=config.max_turn_aging_s, level=self.level,
-                                now=self.now, preempted_status=preempted_status,
+        self.queue = QueueRules(config, turns=self.turns, pins=self.pins, order=self.order,
+                                level=self.level, now=self.now, preempted_status=preempted_status,
                                 requeue=on_lane_change)
         self._policy, self._pool_state, self._ledger = policy, pool_state, ledger
         revisit = self._revisit if hasattr(policy, "revisit") else None

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.pin_table import Pin, PinTable
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.sessions import session_key
@@ -51,23 +52,23 @@ from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQu
 
 
 class QueueRules:
-    def __init__(self, *, queue_order: str, turns: dict[str, Turn], pins: PinTable,
-                 order: ProgramOrder, max_queue_delay_s: float, max_turn_delay_s: float,
-                 max_turn_aging_s: float,
-                 level: Callable[[TurnRequest], int], now: Callable[[], float],
+    def __init__(self, config: ContinuumConfig, *, turns: dict[str, Turn], pins: PinTable,
+                 order: ProgramOrder, level: Callable[[TurnRequest], int], now: Callable[[], float],
                  preempted_status: object, requeue: Callable[[TurnRequest], None]) -> None:
-        """`turns`: the controller's turns by request id (shared, not copied);
+        """`config`: the queue order and the three bounds (`max_queue_delay_s`,
+        `max_turn_delay_s`, `max_turn_aging_s`); `turns`: the controller's turns
+        by request id (shared, not copied);
         `level`: a request's priority level (0 for all without priority
         scheduling); `requeue`: a queued request's place changed (applied once
         the step is over)."""
         # The order, resolved once: by program arrival (else the request's own),
         # and requests without a session first.
-        self._by_program = queue_order != "pinned_fcfs"
-        self._sessionless_first = queue_order == "sessionless_first"
+        self._by_program = config.queue_order != "pinned_fcfs"
+        self._sessionless_first = config.queue_order == "sessionless_first"
         self.turns, self.pins, self.order = turns, pins, order
-        self.bound = WaitingBound(max_queue_delay_s)  # keyed by arrival
-        self.turn_bound = WaitingBound(max_turn_delay_s)  # keyed by program arrival
-        self.aging = WaitingBound(max_turn_aging_s)  # keyed by where a turn's aging counts from
+        self.bound = WaitingBound(config.max_queue_delay_s)  # keyed by arrival
+        self.turn_bound = WaitingBound(config.max_turn_delay_s)  # keyed by program arrival
+        self.aging = WaitingBound(config.max_turn_aging_s)  # keyed by where a turn's aging counts from
         self.level, self.now = level, now
         self._preempted = preempted_status
         self._requeue = requeue
