@@ -400,11 +400,11 @@ def scheduler_machine(
                 if waiting.status != RequestStatus.WAITING or waiting.request_id not in turns:
                     continue
                 bounded = queue.has_waiting_bound(waiting)
-                since = turns[waiting.request_id].arrival if bounded else queue.program_arrival(waiting)
+                since = turns[waiting.request_id].arrival if bounded else queue.place(waiting)
                 for admitted in first:
                     if waiting.priority < admitted.priority:
                         raise AssertionError("a request of better priority was passed")
-                    program = queue.program_arrival(admitted)
+                    program = queue.place(admitted)
                     if bounded:  # an overdue turn of a program that came first may go first
                         earlier_turn = (admitted.request_id in overdue
                                         and not queue.has_waiting_bound(admitted) and program < since)

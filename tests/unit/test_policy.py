@@ -314,7 +314,7 @@ def test_session_registry_is_bounded_and_keeps_first_arrival():
     reg.observe_arrival("a", now=0, hashes=["h1"])
     reg.observe_turn_end("a", now=0.5, tool="t", anchor=Anchor(1, "h1"))
     reg.observe_arrival("a", now=1, hashes=["h1", "h2"])
-    assert reg.first_arrival("a", default=-1) == 0  # its first request's
+    assert reg.program_arrival("a", default=-1) == 0  # its first request's
     reg.observe_arrival("b", now=2, hashes=[])
     reg.observe_arrival("c", now=3, hashes=[])
     # Sessions that never finished a turn go first: "a" did, so "b" is forgotten.
@@ -332,7 +332,7 @@ def test_a_flood_of_fresh_ids_cannot_push_a_working_session_out():
         reg.observe_arrival(f"flood-{i}", now=3.0, hashes=[])
     agent = reg.observe_arrival("agent", now=4.0, hashes=["h1", "h2"])
     assert agent.continues and agent.measured == ("search", 2.0) and len(reg) == 4
-    assert reg.first_arrival("agent", default=0) == 1.0
+    assert reg.program_arrival("agent", default=0) == 1.0
 
 
 def test_a_flood_of_cheap_finished_turns_cannot_push_a_paused_agent_out():
@@ -347,7 +347,7 @@ def test_a_flood_of_cheap_finished_turns_cannot_push_a_paused_agent_out():
         reg.observe_turn_end(f"cheap-{i}", now=3.0, tool=None, anchor=Anchor(1, f"c{i}"))
     agent = reg.observe_arrival("agent", now=40.0, hashes=["h1", "h2"])
     assert agent.continues and agent.measured == ("run_tests", 38.0) and len(reg) == 4
-    assert reg.first_arrival("agent", default=-1) == 1.0
+    assert reg.program_arrival("agent", default=-1) == 1.0
 
 
 def test_tool_duration_is_next_arrival_minus_turn_end():
@@ -370,7 +370,7 @@ def test_a_request_that_only_carries_the_session_id_does_not_speak_for_it():
     assert not stranger.continues and not stranger.first_turn and stranger.measured is None
     agent = reg.observe_arrival("a", now=4.0, hashes=["h1", "h2"])
     assert agent.continues and agent.measured == ("search", 2.0)
-    assert reg.first_arrival("a", default=0) == 1.0
+    assert reg.program_arrival("a", default=0) == 1.0
 
 
 def test_programs_end_by_hint_or_idleness():

@@ -257,7 +257,7 @@ class PinController:
             self.workload.durations.add(tool, seconds)
             self.stats.on_tool_duration(tool, seconds)
         if turn.continues:
-            turn.program_arrival = self.sessions.first_arrival(session, arrival)
+            turn.program_arrival = self.sessions.program_arrival(session, arrival)
             turn.resuming = (pin is not None, now)
         if pin is not None:
             self._attach(request, turn, pin)

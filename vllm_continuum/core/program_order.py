@@ -72,11 +72,11 @@ class ProgramOrder:
         take pinned memory once it is overdue (and counts as a pin's cost)."""
         return not self.by_program or session is None
 
-    def program_arrival(self, first_arrival: float, request_arrival: float, now: float) -> float:
+    def place(self, program_arrival: float, arrival: float, now: float) -> float:
         """What orders a request among programs: its program's first arrival,
         while the program has precedence; then the request's own arrival."""
-        return first_arrival if not self.lost_precedence(first_arrival, now) else request_arrival
+        return program_arrival if not self.lost_precedence(program_arrival, now) else arrival
 
-    def lost_precedence(self, first_arrival: float, now: float) -> bool:
+    def lost_precedence(self, program_arrival: float, now: float) -> bool:
         """A program this old no longer holds its place (nor its pins) against others."""
-        return self.by_program and now - first_arrival >= self.precedence_s
+        return self.by_program and now - program_arrival >= self.precedence_s

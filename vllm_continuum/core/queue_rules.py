@@ -84,7 +84,7 @@ class QueueRules:
             overdue=self.overdue,
             priority_of=self.level,
             has_waiting_bound=self.has_waiting_bound,
-            program_of=self.program_arrival,
+            program_of=self.place,
             aging_from=self.aging_from,
             aged=self.aged,
             turn_bounds=(not self.turn_bound.off, not self.aging.off),
@@ -107,12 +107,13 @@ class QueueRules:
             return self.now()
         return turn.aging_from if turn.aging_from is not None else turn.arrival
 
-    def program_arrival(self, request: TurnRequest) -> float:
-        """When the request's program arrived, as far as order goes (program_order.py)."""
+    def place(self, request: TurnRequest) -> float:
+        """Its place among programs: its program's first arrival while the
+        program has precedence, then its own arrival (program_order.py)."""
         turn = self.turns.get(request.request_id)
         if turn is None:
             return self.now()
-        return self.order.program_arrival(turn.program_arrival, turn.arrival, self.now())
+        return self.order.place(turn.program_arrival, turn.arrival, self.now())
 
     def queue_key(self, request: TurnRequest) -> tuple:
         """The last lane's order: by the program's first arrival, then the request's
@@ -120,7 +121,7 @@ class QueueRules:
         without a session before every session's."""
         turn = self.turns.get(request.request_id)
         arrival, seq = (turn.arrival, turn.seq) if turn is not None else (self.now(), -1)
-        program = self.program_arrival(request) if self._by_program else arrival
+        program = self.place(request) if self._by_program else arrival
         session_last = self._sessionless_first and self.session(request) is not None
         return (session_last, program, arrival, seq, request.request_id)
 
@@ -149,13 +150,13 @@ class QueueRules:
 
     def turn_overdue(self, request: TurnRequest) -> bool:
         # An infinite bound (the default) is never passed: nothing to look up.
-        return not self.turn_bound.off and not self.has_waiting_bound(request) and self.turn_bound.overdue(
-            self.program_arrival(request), self.level(request), self.now())
+        return (not self.turn_bound.off and not self.has_waiting_bound(request)
+                and self.turn_bound.overdue(self.place(request), self.level(request), self.now()))
 
     def aged(self, request: TurnRequest) -> bool:
         """Later requests without a session have gone ahead of this turn for its bound."""
-        return not self.aging.off and not self.has_waiting_bound(request) and self.aging.overdue(
-            self.aging_from(request), self.level(request), self.now())
+        return (not self.aging.off and not self.has_waiting_bound(request)
+                and self.aging.overdue(self.aging_from(request), self.level(request), self.now()))
 
     def went_ahead(self, request: TurnRequest) -> None:
         """It was admitted: every waiting request it passed starts its extra wait
@@ -166,7 +167,7 @@ class QueueRules:
             if not self.aging.off:  # an infinite bound's marks are never read
                 self.aging.went_ahead(arrival, level, now)
         elif not self.turn_bound.off and not self._continued_its_pin(request):
-            self.turn_bound.went_ahead(self.program_arrival(request), level, now)
+            self.turn_bound.went_ahead(self.place(request), level, now)
 
     def _continued_its_pin(self, request: TurnRequest) -> bool:
         turn = self.turns.get(request.request_id)
@@ -183,7 +184,7 @@ class QueueRules:
     def held_by_later_pins(self, request: TurnRequest) -> None:
         """Pins of programs that arrived after its own kept memory it needed:
         it (and every turn of an earlier program) is passed now."""
-        key = math.nextafter(self.program_arrival(request), math.inf)
+        key = math.nextafter(self.place(request), math.inf)
         self.turn_bound.went_ahead(key, self.level(request), self.now())
 
     def prune(self, firsts: Sequence[float | None]) -> None:
@@ -195,5 +196,5 @@ class QueueRules:
 
     def later_program(self, request: TurnRequest) -> Callable[[Pin], bool]:
         """Whether a pin belongs to a program that arrived after the request's."""
-        program = self.program_arrival(request)
+        program = self.place(request)
         return lambda pin: pin.program_arrival > program

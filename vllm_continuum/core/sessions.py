@@ -47,7 +47,7 @@ def session_key(session_id: str | None) -> str | None:
 
 @dataclass
 class SessionState:
-    first_arrival: float  # controller clock, as every time here
+    program_arrival: float  # controller clock, as every time here
     last_seen: float
     turns: int = 0
     last_end: float | None = None  # when the last turn ended
@@ -86,9 +86,9 @@ class SessionRegistry:
     def get(self, session_id: str) -> SessionState | None:
         return self._table_of(session_id).get(session_id)
 
-    def first_arrival(self, session_id: str | None, default: float) -> float:
+    def program_arrival(self, session_id: str | None, default: float) -> float:
         state = self.get(session_id) if session_id is not None else None
-        return state.first_arrival if state is not None else default
+        return state.program_arrival if state is not None else default
 
     def observe_arrival(self, session_id: str, now: float, hashes: Sequence[Hashable],
                         arrival: float | None = None) -> Arrival:
@@ -121,7 +121,7 @@ class SessionRegistry:
             state.last_tool = tool
             state.last_anchor = anchor
 
-    def adopt(self, session_id: str, first_arrival: float, anchor: Anchor | None) -> None:
+    def adopt(self, session_id: str, program_arrival: float, anchor: Anchor | None) -> None:
         """The table had forgotten a session whose pinned context a new request
         continues: restore what the pin knows (its program's first arrival and
         the prefix), so that the session's next turns continue it. Its number
@@ -129,7 +129,7 @@ class SessionRegistry:
         state = self.get(session_id)
         if state is None:
             return
-        state.first_arrival = min(state.first_arrival, first_arrival)
+        state.program_arrival = min(state.program_arrival, program_arrival)
         state.last_anchor, state.last_tool = anchor, None
         state.turns = max(state.turns, 1)
         self._move(session_id, self._paused)

@@ -92,6 +92,8 @@ RELAXED: dict[str, dict[str, str]] = {
     "turn30-age-off": {"MAX_TURN_DELAY_S": "30", "MAX_TURN_AGING_S": "inf"},
     "turn30-age120": {"MAX_TURN_DELAY_S": "30", "MAX_TURN_AGING_S": "120"},
     "turn60-age120": {"MAX_TURN_DELAY_S": "60", "MAX_TURN_AGING_S": "120"},
+    "turn120-age120": {"MAX_TURN_DELAY_S": "120", "MAX_TURN_AGING_S": "120"},
+    "turn300-age120": {"MAX_TURN_DELAY_S": "300", "MAX_TURN_AGING_S": "120"},
 }
 
 # The slow-tool comparison: under what ships (program admission, `forever`),
