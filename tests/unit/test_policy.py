@@ -309,7 +309,7 @@ def test_length_is_counted_through_every_operation():
 
 
 # ------------------------------------------------------- sessions and tools
-def test_session_registry_is_bounded_and_keeps_first_arrival():
+def test_session_registry_is_bounded_and_keeps_program_arrival():
     reg = SessionRegistry(max_sessions=2)
     reg.observe_arrival("a", now=0, hashes=["h1"])
     reg.observe_turn_end("a", now=0.5, tool="t", anchor=Anchor(1, "h1"))
@@ -499,7 +499,7 @@ def test_an_aged_turn_goes_before_later_one_shots_that_are_not_overdue():
         key_of=lambda r: (r.session is not None, r.arrival, r.name),
         enqueued_at=lambda r: r.arrival,
         has_waiting_bound=lambda r: r.session is None,
-        program_of=lambda r: r.arrival,
+        place_of=lambda r: r.arrival,
         overdue=lambda r: r.name in overdue,
         aged=lambda r: r.name in aged,
     )

@@ -127,9 +127,9 @@ class PinController:
         self.turns: dict[str, Turn] = {}
         # Requests of each session not admitted yet, in arrival order.
         self._queued: dict[str, dict[str, TurnRequest]] = {}
-        # Ends whose blocks are not freed yet: by request id, and per session.
-        self._ended: dict[str, PendingPin] = {}
-        self._ended_of: dict[str, dict[str, PendingPin]] = {}
+        # Turns that ended in a tool call, their blocks not freed yet: by request id, and per session.
+        self._pending: dict[str, PendingPin] = {}
+        self._pending_of: dict[str, dict[str, PendingPin]] = {}
         self._arrivals = itertools.count(1)
         self._seq = 0  # arrivals so far
         self._on_lane_change = on_lane_change
@@ -329,9 +329,9 @@ class PinController:
             return
         if self.pinning:
             program_arrival = turn.program_arrival if turn is not None else self.now()
-            ended = PendingPin(session, tool, hints, program_arrival, seq=self._seq)
-            self._ended[request.request_id] = ended
-            self._ended_of.setdefault(session, {})[request.request_id] = ended
+            pending = PendingPin(session, tool, hints, program_arrival, seq=self._seq)
+            self._pending[request.request_id] = pending
+            self._pending_of.setdefault(session, {})[request.request_id] = pending
 
     def on_blocks_freed(
         self, request: TurnRequest, aborted: bool, tool_called: Callable[[], str | None]
@@ -340,18 +340,18 @@ class PinController:
         them (the adapter must not free them)."""
         if request.request_id in self.turns:  # freed without its end reported first
             self.on_turn_end(request, aborted, tool_called)
-        ended = self._ended.pop(request.request_id, None)
-        if ended is None:
+        pending = self._pending.pop(request.request_id, None)
+        if pending is None:
             return False
-        _discard(self._ended_of, ended.session, request.request_id)
-        if ended.superseded:
+        _discard(self._pending_of, pending.session, request.request_id)
+        if pending.superseded:
             # Freed late (a connector sent the blocks first) after the next turn
             # was allocated: it holds the context already; a pin would only expire.
             return False
-        pin = self.maker.pin(request, ended.session, ended.tool, ended.hints, ended.program_arrival)
+        pin = self.maker.pin(request, pending.session, pending.tool, pending.hints, pending.program_arrival)
         if pin is None:
             return False
-        self._attach_late_arrivals(pin, ended.seq)
+        self._attach_late_arrivals(pin, pending.seq)
         return True
 
     def on_allocated(self, request: TurnRequest) -> None:
@@ -360,12 +360,12 @@ class PinController:
         schedules it this step or holds it while a connector loads its KV."""
         turn = self.turns.get(request.request_id)
         if turn is not None and turn.continues:
-            for ended in self._ended_of.get(turn.session, {}).values():  # blocks a connector holds
-                ended.superseded = True
+            for pending in self._pending_of.get(turn.session, {}).values():  # blocks a connector holds
+                pending.superseded = True
         self._hand_over(request)
 
     def _hand_over(self, request: TurnRequest) -> None:
-        pin = self.pins.pin_continued_by(self.queue.session(request), request.block_hashes)
+        pin = self.pins.pin_continued_by(self.session(request), request.block_hashes)
         if pin is not None and pin.request_id != request.request_id:
             self.releaser.release(pin, ReleaseReason.RESUMED)
 

@@ -74,7 +74,7 @@ class Pin:
     block_ids: tuple[int, ...]  # distinct physical blocks, for accounting
     created_at: float
     expires_at: float
-    # First arrival of the session: pins of later programs are released first.
+    # Its program's first arrival: pins of later programs are released first.
     program_arrival: float
     anchor: Anchor | None = None
     hashes: tuple[Hashable, ...] = ()  # the held blocks' hashes, in order

@@ -67,7 +67,7 @@ class QueueRules:
         self._sessionless_first = config.queue_order == "sessionless_first"
         self.turns, self.pins, self.order = turns, pins, order
         self.bound = WaitingBound(config.max_queue_delay_s)  # keyed by arrival
-        self.turn_bound = WaitingBound(config.max_turn_delay_s)  # keyed by program arrival
+        self.turn_bound = WaitingBound(config.max_turn_delay_s)  # keyed by place (program arrival)
         self.aging = WaitingBound(config.max_turn_aging_s)  # keyed by where a turn's aging counts from
         self.level, self.now = level, now
         self._preempted = preempted_status
@@ -84,7 +84,7 @@ class QueueRules:
             overdue=self.overdue,
             priority_of=self.level,
             has_waiting_bound=self.has_waiting_bound,
-            program_of=self.place,
+            place_of=self.place,
             aging_from=self.aging_from,
             aged=self.aged,
             turn_bounds=(not self.turn_bound.off, not self.aging.off),

@@ -185,11 +185,12 @@ class ContinuumTTLPolicy(TTLPolicy):
         self.k = cold_start_samples
         self.prior_samples = prior_samples  # None: the paper's switch at K samples
         # `pin_cost`, resolved once: how Eq. 2's cost is charged.
-        costs = {"always": self._at_full_cost, "demand": self._on_demand, "pressure": self._at_pressure}
+        # (how, whether it reads the pool's state)
+        costs = {"always": (self._at_full_cost, False), "demand": (self._on_demand, False),
+                 "pressure": (self._at_pressure, True)}
         if pin_cost not in costs:
             raise ValueError(f"pin_cost must be one of {sorted(costs)}, not {pin_cost!r}")
-        self._charged = costs[pin_cost]
-        self.reads_pool = pin_cost == "pressure"
+        self._charged, self.reads_pool = costs[pin_cost]
 
     def profile_note(self, max_model_len: int) -> str | None:
         return self.profile.clamp_note(max_model_len)

@@ -6,7 +6,7 @@ vLLM's priority first: the lanes only order requests of equal priority):
 1. preempted requests, front to back as vLLM puts them back (as stock);
 2. the first overdue request with the *turn bound* (a session's turn: the
    earliest program's), before every request of a later program
-   (`program_of`; a request without a session is a program of its own), and
+   (`place_of`; a request without a session is a program of its own), and
    only those: a turn waits for the programs ahead of it, and only for them;
 3. the oldest overdue request with the *waiting bound* (`has_waiting_bound`: under
    program admission, requests without a session): from then on no request
@@ -70,13 +70,13 @@ class LaneQueue(Generic[R]):
         overdue: Callable[[R], bool] = lambda r: False,
         priority_of: Callable[[R], int] = lambda r: 0,
         has_waiting_bound: Callable[[R], bool] = lambda r: True,
-        program_of: Callable[[R], float] = lambda r: 0.0,
+        place_of: Callable[[R], float] = lambda r: 0.0,
         aging_from: Callable[[R] , float] | None = None,
         aged: Callable[[R], bool] = lambda r: False,
         turn_bounds: tuple[bool, bool] = (True, True),
     ) -> None:
         """`has_waiting_bound`: whether a request has the waiting bound (else it has the
-        turn bound and aging); `program_of`: its program's place in arrival
+        turn bound and aging); `place_of`: its program's place in arrival
         order (the turn bound's order); `aging_from`: where a turn's aging
         counts from (default: its enqueue time); `overdue`, `aged`: whether its
         bound, or its aging, has passed (asked only of the first of each to be
@@ -88,7 +88,7 @@ class LaneQueue(Generic[R]):
         self._overdue = overdue
         self._priority_of = priority_of
         self._has_waiting_bound = has_waiting_bound
-        self._program_of = program_of
+        self._place_of = place_of
         self._aging_from = aging_from or enqueued_at
         self._aged_out = aged
         self._turn_bounds = turn_bounds
@@ -168,7 +168,7 @@ class LaneQueue(Generic[R]):
         arrival of the earliest program with a turn waiting (turn bound), where
         the aging of the longest-aging turn counts from (None: nobody)."""
         return (self._least(WAITING_BOUND, self._enqueued_at),
-                self._least(TURN_BOUND, self._program_of),
+                self._least(TURN_BOUND, self._place_of),
                 self._least(AGING, self._aging_from))
 
     def oldest_enqueued_at(self) -> float | None:
@@ -203,7 +203,7 @@ class LaneQueue(Generic[R]):
                 ages = [(WAITING_BOUND, (enqueued,))]
             else:
                 turn_bound, aging = self._turn_bounds
-                ages = [(TURN_BOUND, (self._program_of(request), enqueued))] if turn_bound else []
+                ages = [(TURN_BOUND, (self._place_of(request), enqueued))] if turn_bound else []
                 if aging:
                     ages.append((AGING, (self._aging_from(request), enqueued)))
         for bound, age_key in ages:
@@ -238,7 +238,7 @@ class LaneQueue(Generic[R]):
         overdue = self._overdue_first((WAITING_BOUND, priority))
         head = overdue or top
         turn = self._overdue_first((TURN_BOUND, priority))
-        if turn is not None and self._program_of(head) > self._program_of(turn):
+        if turn is not None and self._place_of(head) > self._place_of(turn):
             return turn  # before any request of a later program
         if overdue is None and self._has_waiting_bound(head):
             aged = self._first_aged((AGING, priority))

@@ -169,8 +169,8 @@ def session_digest(session_key: str) -> str:
     return hashlib.sha256(session_key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def pin_rows(pins: Iterable, now: float, held, tool_label=lambda tool: tool) -> list[list]:
-    """[blocks, seconds left, ttl, held, session digest, tool label, own
+def pin_rows(pins: Iterable, now: float, kept_past_ttl, tool_label=lambda tool: tool) -> list[list]:
+    """[blocks, seconds left, ttl, held (kept past its TTL), session digest, tool label, own
     blocks] per pin: no session ids leave the engine (the digest names a
     session for a router that knows its id, `vllm_continuum.cluster.pins_endpoint`).
     blocks is the pin's share of the pinned blocks (a block k pins hold counts
@@ -178,7 +178,7 @@ def pin_rows(pins: Iterable, now: float, held, tool_label=lambda tool: tool) -> 
     blocks; own blocks are all it holds (what an expiry's waste counts)."""
     share = getattr(pins, "share", lambda p: p.num_blocks)
     return [
-        [share(p), p.expires_at - now, p.expires_at - p.created_at, bool(held(p)),
+        [share(p), p.expires_at - now, p.expires_at - p.created_at, bool(kept_past_ttl(p)),
          session_digest(p.session_id), tool_label(p.tool), p.num_blocks]
         for p in pins
     ]
