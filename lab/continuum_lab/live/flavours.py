@@ -42,6 +42,8 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     # costs the agents and buys the one-shot requests, live (docs/results/benchmarks-archive.md).
     "continuum-program-fcfs": Flavour(
         "continuum-program-fcfs", "continuum", {"ttl_policy": "continuum", "queue_order": "program_fcfs"}),
+    # The tool-aware retention rule (core/hazard_ttl.py) under what ships otherwise.
+    "hazard": Flavour("hazard", "continuum", {"ttl_policy": "hazard"}),
 }
 
 # The CPU benchmark's defaults (docs/results/benchmarks-archive.md explains the choice).
