@@ -51,6 +51,9 @@ def _matrix(args: argparse.Namespace) -> int:
         rows = merge_rows([[json.loads(line) for line in path.read_text().splitlines() if line]
                            if path.suffix == ".jsonl" else json.loads(path.read_text())["rows"]
                            for path in args.from_json])
+        # Only these policies' and seeds' rows, if given (every policy must have every seed).
+        rows = [r for r in rows if (not args.policies or r["label"] in args.policies)
+                and (not args.seeds or r["seed"] in args.seeds)]
         return render_matrix(rows, args.out, command=command_line(), target_policy=args.targets,
                              publish=args.publish)
     spec = load_matrix(args.config)
@@ -133,7 +136,8 @@ def register(subparsers) -> None:
     p.add_argument("--from-json", type=Path, nargs="+", metavar="MATRIX_JSON",
                    help="do not run: render the report of earlier runs' matrix.json (or the "
                         "rows.jsonl an interrupted run left) into --out "
-                        "(several: their rows merged, e.g. a policy run later beside the rest)")
+                        "(several: their rows merged, e.g. a policy run later beside the rest; "
+                        "--policies and --seeds keep only those rows)")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes running (cell, seed) tasks side by side (results do not depend on it)")
     publish_arg(p)
