@@ -60,8 +60,8 @@ def value(parts, elapsed, h, benefit, cost):
         ([10.0, 12.0], 0.0, 30.0, 2.0, 1.0, 0.0),
         # a tie with releasing (0.5 * 2 - 1 = 0) goes to releasing
         ([1.0, 100.0], 0.0, 30.0, 2.0, 1.0, 0.0),
-        # already waited past every recorded call: nothing left to wait for
-        ([1.0, 2.0], 5.0, 30.0, 100.0, 0.0, 5.0),
+        # already waited past every recorded call: nothing is known, hold to the limit
+        ([1.0, 2.0], 5.0, 30.0, 100.0, 1.0, 30.0),
     ],
 )
 def test_best_horizon_by_hand(samples, elapsed, limit, benefit, cost, expected):
@@ -80,7 +80,7 @@ def test_best_horizon_matches_brute_force():
         benefit, cost = rng.uniform(0, 10), rng.choice([0.0, 0.3, 1.0])
         got = best_horizon(parts, elapsed, limit, benefit, cost)
         if not any(x > elapsed for _, s in parts for x in s):
-            assert got == elapsed
+            assert got == max(limit, elapsed)  # past every recorded call: nothing known, held
             continue
         candidates = [x for _, s in parts for x in s if elapsed < x <= limit]
         values = [value(parts, elapsed, h, benefit, cost) for h in candidates]
@@ -145,7 +145,9 @@ def test_revisits_come_at_most_every_revisit_s():
     decision = p.decide(turn("browse", pool=QUIET))
     assert decision.ttl_s == 5.0 and decision.revisable
     assert p.revisit("browse", 5.0, 1000, contention=0.0) == 5.0
-    assert p.revisit("browse", 25.0, 1000, contention=0.0) == 0.0
+    # Past every recorded call nothing is known: held as `forever`, to the cap.
+    assert p.revisit("browse", 25.0, 1000, contention=1.0) == 5.0
+    assert p.revisit("browse", 30.0, 1000, contention=0.0) == 0.0
 
 
 def test_hints_win_and_the_cap_holds():
@@ -177,7 +179,8 @@ def test_the_controller_revisits_a_hazard_pin_and_releases_it_once_the_tool_look
     contested, its pin holds for 1 s, and at that TTL the rule sees a slow
     call and lets it expire. `browse` (5-25 s), made and revisited while
     nobody waits, is held through every revisit until its last recorded
-    return, then expires."""
+    return, then expires: beyond it only the slow approval calls of the
+    all-tools prior are left."""
     from tests.unit.test_controller import Ledger, Req, run
     from vllm_continuum.config import load_config
     from vllm_continuum.core.controller import PinController
@@ -212,3 +215,37 @@ def test_the_controller_revisits_a_hazard_pin_and_releases_it_once_the_tool_look
     assert stats.releases_by_reason["expired"] == 2
     assert stats.ttl_revisits[("approval", "released")] == 1
     assert stats.ttl_revisits[("browse", "held")] == 4
+
+
+def test_a_hazard_pin_whose_next_turn_is_queued_is_held_to_the_cap():
+    """The next turn came back (its call returned) but waits in the queue:
+    the rule has nothing left to decide, and the pin is held as `forever`
+    holds it, up to `max_ttl_s`, not let go at the revisit its TTL asked
+    for. Without the queued turn the contested pool releases it there (the
+    previous test's `approval`)."""
+    from tests.unit.test_controller import Ledger, Req, run
+    from vllm_continuum.config import load_config
+    from vllm_continuum.core.controller import PinController
+    from vllm_continuum.metrics.stats import ContinuumStats
+
+    ledger, now, pool = Ledger(100), [0.0], [QUIET]
+    stats = ContinuumStats(writer=None)
+    c = PinController(load_config(use_env=False, ttl_policy="hazard"), ledger, stats,
+                      block_size=4, hash_block_size=4, clock=lambda: now[0],
+                      pool_state=lambda counted: pool[0])
+    for d in [1.0, 100.0] * 10:
+        c.workload.durations.add("approval", d)
+    c.workload.queueing.add(10.0)
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="approval")
+    pin = c.pins.get("A")
+    assert pin.expires_at == pytest.approx(1.0)
+    pool[0] = CONTESTED
+    c.on_arrival(Req("a2", "A", [1, 2, 3, 4]), None)  # its next turn: queued, not yet admitted
+    assert "a2" in pin.waiters
+    for t in (1.0, 10.0, 29.0):
+        now[0] = t
+        c.begin_step()
+        c.end_step()
+        assert c.pins.get("A") is pin
+    assert pin.expires_at == pytest.approx(30.0)
+    assert stats.ttl_revisits.get(("approval", "released"), 0) == 0

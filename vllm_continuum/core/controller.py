@@ -186,7 +186,11 @@ class PinController:
 
     def _revisit(self, pin: Pin, now: float) -> float:
         """A pin reached its TTL: how much longer the policy holds it, asked
-        with the time its tool has run and the pool's contention now."""
+        with the time its tool has run and the pool's contention now. A pin
+        whose next turn is already queued has nothing left to decide (its
+        call returned): it is held, as every pin is, up to `max_ttl_s`."""
+        if pin.waiters:
+            return max(0.0, pin.created_at + self._policy.max_ttl_s - now)
         pool = self._pool_state(self.queue.entitled)
         own = marginal_blocks(pin.block_ids, self._ledger.ref_count) if demand_exceeds_free(pool) else 0
         more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens,

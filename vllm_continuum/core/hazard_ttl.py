@@ -23,7 +23,10 @@ The decision is revisited: the pin's TTL is the chosen horizon, at most
 `revisit_s` ahead, and when it passes the pin releaser asks again
 (`revisit`) with the elapsed time conditioned on and the contention of
 that moment. A call that has already run long is likely a slow one: once
-the calls that took that long mostly outlasted the cap, the pin goes.
+the calls that took that long mostly outlasted the cap, the pin goes. A
+call that has outlasted every recorded one is held (nothing is known about
+it), and a pin whose next turn is already queued is held to the cap
+(`PinController._revisit`): its call has returned.
 
 D's distribution is the tool's own recorded durations mixed with all tools'
 by `prior_samples` pseudo-samples (weights n / (n + k0)), so a tool's own
@@ -54,7 +57,8 @@ def best_horizon(
     P(D <= h | D > elapsed) * benefit - cost * E[min(D, h) - elapsed | D > elapsed],
     D a mixture of empirical distributions (weight, sorted samples), or
     `elapsed` (release now) if none has a positive value. Ties go to the
-    shorter horizon. One pass over the samples beyond `elapsed`."""
+    shorter horizon; `limit` if the call has outlasted every sample (no
+    information: hold). One pass over the samples beyond `elapsed`."""
     if not benefit_s > 0 or limit <= elapsed:
         return elapsed
     # The conditional distribution beyond `elapsed`: each sample with its weight.
@@ -67,7 +71,7 @@ def best_horizon(
         tail.extend((x, w) for x in samples[start:])
     survivors = sum(w for _, w in tail)
     if survivors <= 0:
-        return elapsed  # every recorded call returned by now: nothing to wait for
+        return limit  # the call outlasted every recorded one: nothing is known, hold as forever
     tail.sort()
     best_h, best_value = elapsed, 0.0
     returned = 0.0  # P(elapsed < D <= h) * survivors

@@ -7,7 +7,8 @@
 - `release_expired`: its TTL passed. The TTL is a hard bound, but for one
   scheduling step of grace when the pinned context's next turn is already
   queued (it is being admitted). A revisable pin (TTLDecision.revisable) is
-  first offered to `revisit`, which may give it a new TTL.
+  first offered to `revisit`, which may give it a new TTL (up to the cap
+  when its next turn is queued).
 - `retry_with_pins_released`: an allocation failed for lack of blocks. The
   fewest pins that cover the shortfall go, in release order (latest-arriving
   program first), if the pressure policy allows (`pressure.py`); else only
@@ -93,7 +94,7 @@ class PinReleaser:
             return
         now = self.now()
         for pin in self.pins.expired(now):
-            if pin.revisable and not pin.waiters and self._revisit is not None:
+            if pin.revisable and self._revisit is not None:
                 more = self._revisit(pin, now)
                 if more > 0:
                     pin.expires_at = now + more
