@@ -1,5 +1,6 @@
 """Draws docs/img/hazard-ttl.png: what `ttl_policy: hazard` decides over
-a pause, for a fast tool and a slow one, on a quiet pool and a contested one.
+a pause, for a fast tool, a mostly-returning slow one and one slower than
+the cap.
 
 The durations are drawn from the slow-tool workloads' own specs (browse-agent's
 `browse` and `view`, ci-agent's `ci`), 200 calls each, recorded into the
@@ -58,18 +59,14 @@ def main() -> None:
     top.set_title("what the rule conditions on", fontsize=10)
     # Bottom: a pin of a call that has not returned, followed from the turn's
     # end: each bar is one TTL the rule gave (a decision), x where it let go.
-    rows = []
-    for tool, colour in tools:
-        for label, contention in (("quiet", 0.0), ("contested", 1.0)):
-            rows.append((f"{tool}, {label}", colour, tool, contention))
-    for y, (name, colour, tool, contention) in enumerate(rows):
+    rows = [(tool, colour) for tool, colour in tools]
+    for y, (tool, colour) in enumerate(rows):
         t = 0.0
         while True:
-            more = policy.revisit(tool, t, TOKENS, contention)
+            more = policy.revisit(tool, t, TOKENS)
             if more <= 0:
                 break
-            bottom.barh(y, more, left=t, color=colour, alpha=0.35 if "quiet" in name else 0.8,
-                        edgecolor="black", linewidth=0.6)
+            bottom.barh(y, more, left=t, color=colour, alpha=0.6, edgecolor="black", linewidth=0.6)
             t += more
         bottom.scatter([t], [y], marker="x", color="black", zorder=3)
         bottom.text(t + 0.4, y, f"released at {t:.1f} s", va="center", fontsize=7)
@@ -77,8 +74,8 @@ def main() -> None:
     bottom.invert_yaxis()
     bottom.set_xlim(0, 36)
     bottom.set_xlabel("seconds since the turn ended (the call has not returned)")
-    bottom.set_title("the pin's TTLs, one bar per decision (quiet: nobody entitled waits; "
-                     "contested: one-shots need its blocks)", fontsize=9)
+    bottom.set_title("the pin's TTLs, one bar per decision (each revisit at most 5 s ahead)",
+                     fontsize=9)
     fig.suptitle("ttl_policy: hazard, max_ttl_s 30: a fast tool (view), a mostly-returning slow one "
                  "(browse), one that never returns in time (ci)", fontsize=9)
     fig.tight_layout()

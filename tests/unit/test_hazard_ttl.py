@@ -1,7 +1,7 @@
 """The tool-aware retention rule (`ttl_policy: hazard`, core/hazard_ttl.py):
 its horizon by hand and by brute force, the conditional re-decision, hints,
-the cap, and the zero cost of memory nobody waits for; and the revisit
-wired through the pin releaser."""
+the cap and calls that return just after it; and the revisit wired through
+the pin releaser."""
 
 from __future__ import annotations
 
@@ -11,30 +11,27 @@ import pytest
 
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.hazard_ttl import HazardTTLPolicy, best_horizon
-from vllm_continuum.core.pin_value import PoolState
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
 from vllm_continuum.core.workload import WorkloadModel
 
 # A profile whose reload is a flat 2 s: B = 2 s + T.
 FLAT = PrefillProfile(c0=2.0, c1=0.0, c2=0.0)
-CONTESTED = PoolState(free_blocks=0, demand_blocks=10_000)  # every waiting block is short
-QUIET = PoolState(free_blocks=10_000, demand_blocks=0)
 
 
 def policy(durations: dict[str, list[float]], *, max_ttl_s: float = 30.0, revisit_s: float = 1e9,
-           queueing_s: float = 0.0, prior_samples: float = 3.0) -> HazardTTLPolicy:
+           queueing_s: float = 0.0, prior_samples: float = 3.0, **kw) -> HazardTTLPolicy:
     workload = WorkloadModel(history_limit=1000, queueing_window=16, program_window=16)
     for tool, ds in durations.items():
         for d in ds:
             workload.durations.add(tool, d)
     if queueing_s:
         workload.queueing.add(queueing_s)
-    return HazardTTLPolicy(workload, FLAT, max_ttl_s, prior_samples=prior_samples, revisit_s=revisit_s)
+    return HazardTTLPolicy(workload, FLAT, max_ttl_s, prior_samples=prior_samples, revisit_s=revisit_s, **kw)
 
 
-def turn(tool: str, pool: PoolState | None = CONTESTED, hint: float | None = None) -> TurnEnd:
-    return TurnEnd("s", tool, 1000, hinted_ttl_s=hint, pool=pool, marginal_blocks=100)
+def turn(tool: str, hint: float | None = None) -> TurnEnd:
+    return TurnEnd("s", tool, 1000, hinted_ttl_s=hint)
 
 
 def value(parts, elapsed, h, benefit, cost):
@@ -94,28 +91,27 @@ def test_best_horizon_matches_brute_force():
 
 # ------------------------------------------------------------ the rule
 def test_a_fast_tool_is_held_and_a_tool_slower_than_the_cap_is_not():
+    """`ci` is held only while the all-tools prior (3 of 33 weights) says it
+    might still return, and released at the revisit."""
     p = policy({"view": [0.1, 0.2, 0.3] * 10, "ci": [60.0, 90.0, 200.0] * 10})
     assert p.decide(turn("view")).ttl_s == pytest.approx(0.3)
-    assert p.decide(turn("ci")).ttl_s == 0.0
-    # Nobody waiting: held only while the all-tools prior (3 of 33 weights)
-    # says it might still return, and released at the revisit.
-    quiet = p.decide(turn("ci", pool=QUIET)).ttl_s
-    assert quiet <= 0.3
-    assert p.revisit("ci", quiet, 1000, contention=0.0) == 0.0
+    first = p.decide(turn("ci")).ttl_s
+    assert 0 < first <= 0.3
+    assert p.revisit("ci", first, 1000) == 0.0
 
 
-def test_nobody_waiting_keeps_a_slow_but_returning_tool_pinned():
-    """Zero cost: a browse call of 5-25 s is held, even though at full cost
-    its 2 s saving would not pay for the wait."""
+def test_a_slow_but_returning_tool_is_held_as_forever_holds_it():
+    """A browse call of 5-25 s is held to its last return, although its 2 s
+    saving would not pay for the wait at a price of 1 per second held."""
     durations = {"browse": [5.0, 8.0, 12.0, 25.0] * 5}
-    assert policy(durations).decide(turn("browse")).ttl_s == 0.0
-    assert policy(durations).decide(turn("browse", pool=QUIET)).ttl_s == 25.0
+    assert policy(durations).decide(turn("browse")).ttl_s == 25.0
+    assert policy(durations, idle_cost=1.0).decide(turn("browse")).ttl_s == 0.0
 
 
 def test_queueing_after_a_lost_context_is_part_of_the_benefit():
     durations = {"browse": [5.0, 8.0, 12.0, 25.0] * 5}
-    assert policy(durations, queueing_s=0.0).decide(turn("browse")).ttl_s == 0.0
-    assert policy(durations, queueing_s=60.0).decide(turn("browse")).ttl_s == 25.0
+    assert policy(durations, idle_cost=1.0, queueing_s=0.0).decide(turn("browse")).ttl_s == 0.0
+    assert policy(durations, idle_cost=1.0, queueing_s=60.0).decide(turn("browse")).ttl_s == 25.0
 
 
 def test_a_tool_counts_after_a_handful_of_its_own_calls():
@@ -123,31 +119,41 @@ def test_a_tool_counts_after_a_handful_of_its_own_calls():
     it hold only as long as the fast ones could return, and its revisit releases it."""
     fast = [0.1, 0.2, 0.5] * 100
     p = policy({"view": fast, "ci": [100.0, 120.0, 150.0]})
-    first = p.decide(turn("ci", pool=QUIET)).ttl_s
+    first = p.decide(turn("ci")).ttl_s
     assert first <= 0.5  # the pooled fast calls' share, at most
-    assert p.revisit("ci", first, 1000, contention=0.0) == 0.0
+    assert p.revisit("ci", first, 1000) == 0.0
 
 
 def test_the_decision_is_revisited_conditioned_on_the_elapsed_time():
     """Half the calls return in 1 s, half in 100 s: at first the pin is
     worth holding for the fast half; once 1 s has passed without a return,
     the call is a slow one and the pin goes."""
-    p = policy({"approval": [1.0, 100.0] * 10}, queueing_s=1.0)  # B = 3 s
-    assert p.decide(turn("approval")).ttl_s == 1.0  # 0.5 * 3 - 1 s of expected hold > 0
-    assert p.revisit("approval", 1.0, 1000, contention=1.0) == 0.0
-    # At 10 s, with calls of 20 s among them, it holds on again, nobody waiting.
+    p = policy({"approval": [1.0, 100.0] * 10})
+    assert p.decide(turn("approval")).ttl_s == 1.0
+    assert p.revisit("approval", 1.0, 1000) == 0.0
+    # At 10 s, with calls of 20 s among them, it holds on again.
     p = policy({"approval": [1.0, 20.0, 100.0] * 10})
-    assert p.revisit("approval", 10.0, 1000, contention=0.0) == pytest.approx(10.0)
+    assert p.revisit("approval", 10.0, 1000) == pytest.approx(10.0)
 
 
 def test_revisits_come_at_most_every_revisit_s():
     p = policy({"browse": [5.0, 8.0, 12.0, 25.0] * 5}, revisit_s=5.0)
-    decision = p.decide(turn("browse", pool=QUIET))
+    decision = p.decide(turn("browse"))
     assert decision.ttl_s == 5.0 and decision.revisable
-    assert p.revisit("browse", 5.0, 1000, contention=0.0) == 5.0
+    assert p.revisit("browse", 5.0, 1000) == 5.0
     # Past every recorded call nothing is known: held as `forever`, to the cap.
-    assert p.revisit("browse", 25.0, 1000, contention=1.0) == 5.0
-    assert p.revisit("browse", 30.0, 1000, contention=0.0) == 0.0
+    assert p.revisit("browse", 25.0, 1000) == 5.0
+    assert p.revisit("browse", 30.0, 1000) == 0.0
+
+
+def test_a_call_that_returns_just_after_the_cap_is_held_to_the_cap():
+    """A tool that times out at the cap is measured just past it (30.01 s):
+    within `late_return_s` of the cap it counts as returning in time, and
+    its pin is held to the cap (never past it), not let go a little early."""
+    durations = {"test": [10.0, 30.01] * 10}
+    assert policy(durations).revisit("test", 27.0, 1000) == pytest.approx(3.0)
+    assert policy(durations, late_return_s=0.0).revisit("test", 27.0, 1000) == 0.0
+    assert policy({"test": [10.0, 31.0] * 10}).revisit("test", 27.0, 1000) == 0.0
 
 
 def test_hints_win_and_the_cap_holds():
@@ -157,15 +163,15 @@ def test_hints_win_and_the_cap_holds():
     assert p.decide(turn("ci", hint=500.0)).ttl_s == 30.0
     # The cap bounds the horizon (a 200 s tool returns after it: no pin) and revisits.
     p = policy({"slow": [20.0, 40.0] * 10}, max_ttl_s=30.0)
-    assert p.decide(turn("slow", pool=QUIET)).ttl_s == 20.0
-    assert p.revisit("slow", 20.0, 1000, contention=0.0) == 0.0
-    assert p.revisit("slow", 31.0, 1000, contention=0.0) == 0.0
+    assert p.decide(turn("slow")).ttl_s == 20.0
+    assert p.revisit("slow", 20.0, 1000) == 0.0
+    assert p.revisit("slow", 31.0, 1000) == 0.0
 
 
 def test_without_any_duration_it_holds_as_forever_and_looks_again():
     p = policy({}, revisit_s=5.0)
-    decision = p.decide(turn("new"))
-    assert decision.ttl_s == 5.0 and decision.source == "no durations"
+    decision = p.decide(turn("anything"))
+    assert (decision.ttl_s, decision.source, decision.revisable) == (5.0, "no durations", True)
 
 
 def test_make_ttl_policy_builds_it():
@@ -174,78 +180,79 @@ def test_make_ttl_policy_builds_it():
 
 
 # ------------------------------------------------------------ in the controller
-def test_the_controller_revisits_a_hazard_pin_and_releases_it_once_the_tool_looks_slow():
-    """`approval` returns in 1 s or in 100 s: made while the pool is
-    contested, its pin holds for 1 s, and at that TTL the rule sees a slow
-    call and lets it expire. `browse` (5-25 s), made and revisited while
-    nobody waits, is held through every revisit until its last recorded
-    return, then expires: beyond it only the slow approval calls of the
-    all-tools prior are left."""
-    from tests.unit.test_controller import Ledger, Req, run
+def hazard_controller(durations: dict[str, list[float]]):
+    from tests.unit.test_controller import Ledger
     from vllm_continuum.config import load_config
     from vllm_continuum.core.controller import PinController
     from vllm_continuum.metrics.stats import ContinuumStats
 
-    ledger, now, pool = Ledger(100), [0.0], [QUIET]
+    ledger, now = Ledger(100), [0.0]
     stats = ContinuumStats(writer=None)
     c = PinController(load_config(use_env=False, ttl_policy="hazard"), ledger, stats,
-                      block_size=4, hash_block_size=4, clock=lambda: now[0],
-                      pool_state=lambda counted: pool[0])
-    for d in [1.0, 100.0] * 10:
-        c.workload.durations.add("approval", d)
-    for d in [5.0, 8.0, 12.0, 25.0] * 5:
-        c.workload.durations.add("browse", d)
+                      block_size=4, hash_block_size=4, clock=lambda: now[0])
+    for tool, ds in durations.items():
+        for d in ds:
+            c.workload.durations.add(tool, d)
     c.workload.queueing.add(10.0)  # turns that lost their context queued 10 s: B is about 10 s
-    assert run(c, ledger, Req("b1", "B", [4, 5, 6]), tool="browse")
-    pool[0] = CONTESTED
-    assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="approval")
-    assert c.pins.get("A").expires_at == pytest.approx(1.0)
-    assert c.pins.get("B").expires_at == pytest.approx(5.0)
-    for t in (1.0, 5.0, 10.0, 15.0, 20.0):
-        now[0] = t
-        c.begin_step()
-        c.end_step()
-        pool[0] = QUIET
-        assert c.pins.get("A") is None  # released at 1 s: the approval is a slow one
-        assert c.pins.get("B") is not None  # the browse call may still return
-    now[0] = 25.0
+    return c, ledger, now, stats
+
+
+def step(c, now, t):
+    now[0] = t
     c.begin_step()
     c.end_step()
-    assert c.pins.get("B") is None  # past its last recorded return
-    assert stats.releases_by_reason["expired"] == 2
+
+
+APPROVAL = {"approval": [1.0, 100.0] * 10}  # returns in 1 s or in 100 s
+
+
+def test_the_controller_revisits_a_hazard_pin_and_releases_it_once_the_tool_looks_slow():
+    """The approval's pin holds for 1 s; at that TTL the rule sees a slow
+    call and lets it expire."""
+    from tests.unit.test_controller import Req, run
+
+    c, ledger, now, stats = hazard_controller(APPROVAL)
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="approval")
+    assert c.pins.get("A").expires_at == pytest.approx(1.0)
+    step(c, now, 1.0)
+    assert c.pins.get("A") is None
+    assert stats.releases_by_reason["expired"] == 1
     assert stats.ttl_revisits[("approval", "released")] == 1
-    assert stats.ttl_revisits[("browse", "held")] == 4
+
+
+def test_the_controller_holds_a_returning_tool_through_its_revisits_to_the_cap():
+    """`browse` (5-25 s) is held through every revisit (every 5 s), past its
+    last recorded return (nothing is known there), and expires at the cap."""
+    from tests.unit.test_controller import Req, run
+
+    c, ledger, now, stats = hazard_controller({"browse": [5.0, 8.0, 12.0, 25.0] * 5})
+    assert run(c, ledger, Req("b1", "B", [4, 5, 6]), tool="browse")
+    assert c.pins.get("B").expires_at == pytest.approx(5.0)
+    for t in (5.0, 10.0, 15.0, 20.0, 25.0):
+        step(c, now, t)
+        assert c.pins.get("B") is not None
+    step(c, now, 30.0)
+    assert c.pins.get("B") is None
+    assert stats.releases_by_reason["expired"] == 1
+    assert stats.ttl_revisits[("browse", "held")] == 5
 
 
 def test_a_hazard_pin_whose_next_turn_is_queued_is_held_to_the_cap():
     """The next turn came back (its call returned) but waits in the queue:
     the rule has nothing left to decide, and the pin is held as `forever`
     holds it, up to `max_ttl_s`, not let go at the revisit its TTL asked
-    for. Without the queued turn the contested pool releases it there (the
-    previous test's `approval`)."""
-    from tests.unit.test_controller import Ledger, Req, run
-    from vllm_continuum.config import load_config
-    from vllm_continuum.core.controller import PinController
-    from vllm_continuum.metrics.stats import ContinuumStats
+    for (where the same pin without a queued turn goes: the first
+    controller test)."""
+    from tests.unit.test_controller import Req, run
 
-    ledger, now, pool = Ledger(100), [0.0], [QUIET]
-    stats = ContinuumStats(writer=None)
-    c = PinController(load_config(use_env=False, ttl_policy="hazard"), ledger, stats,
-                      block_size=4, hash_block_size=4, clock=lambda: now[0],
-                      pool_state=lambda counted: pool[0])
-    for d in [1.0, 100.0] * 10:
-        c.workload.durations.add("approval", d)
-    c.workload.queueing.add(10.0)
+    c, ledger, now, stats = hazard_controller(APPROVAL)
     assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="approval")
     pin = c.pins.get("A")
     assert pin.expires_at == pytest.approx(1.0)
-    pool[0] = CONTESTED
     c.on_arrival(Req("a2", "A", [1, 2, 3, 4]), None)  # its next turn: queued, not yet admitted
     assert "a2" in pin.waiters
     for t in (1.0, 10.0, 29.0):
-        now[0] = t
-        c.begin_step()
-        c.end_step()
+        step(c, now, t)
         assert c.pins.get("A") is pin
     assert pin.expires_at == pytest.approx(30.0)
     assert stats.ttl_revisits.get(("approval", "released"), 0) == 0

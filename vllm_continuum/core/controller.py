@@ -37,7 +37,7 @@ from vllm_continuum.core.ledger import BlockLedger
 from vllm_continuum.core.pin_maker import PinMaker, PinMakerEvents
 from vllm_continuum.core.pin_release import PinReleaser, ReleaseEvents
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
-from vllm_continuum.core.pin_value import PoolState, demand_exceeds_free, marginal_blocks, pin_pressure
+from vllm_continuum.core.pin_value import PoolState
 from vllm_continuum.core.pressure import PressureRule
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.queue_rules import QueueRules
@@ -140,7 +140,7 @@ class PinController:
         self.queue = QueueRules(config, turns=self.turns, pins=self.pins, order=self.order,
                                 level=self.level, now=self.now, preempted_status=preempted_status,
                                 requeue=on_lane_change)
-        self._policy, self._pool_state, self._ledger = policy, pool_state, ledger
+        self._policy = policy
         revisit = self._revisit if hasattr(policy, "revisit") else None
         self.releaser = PinReleaser(self.pins, ledger, stats, self.queue,
                                     pressure=PressureRule.named(config.pressure_policy), now=self.now,
@@ -186,15 +186,12 @@ class PinController:
 
     def _revisit(self, pin: Pin, now: float) -> float:
         """A pin reached its TTL: how much longer the policy holds it, asked
-        with the time its tool has run and the pool's contention now. A pin
-        whose next turn is already queued has nothing left to decide (its
-        call returned): it is held, as every pin is, up to `max_ttl_s`."""
+        with the time its tool has run. A pin whose next turn is already
+        queued has nothing left to decide (its call returned): it is held,
+        as every pin is, up to `max_ttl_s`."""
         if pin.waiters:
             return max(0.0, pin.created_at + self._policy.max_ttl_s - now)
-        pool = self._pool_state(self.queue.entitled)
-        own = marginal_blocks(pin.block_ids, self._ledger.ref_count) if demand_exceeds_free(pool) else 0
-        more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens,
-                                    pin_pressure(pool, own))
+        more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens)
         self.stats.on_ttl_revisit(pin.tool, more)
         return more
 

@@ -1,5 +1,5 @@
-"""A tool-aware retention rule: keep a pin while its expected saving beats
-what its memory would earn elsewhere, re-decided as the pause goes on.
+"""A tool-aware retention rule: keep a pin while its tool may still return
+within the cap and that is worth the memory, re-decided as the pause goes on.
 
 At elapsed time a into a call of tool f (0 when the turn ends), the pin is
 held to the horizon h in (a, max_ttl_s] that maximises
@@ -10,23 +10,29 @@ or released now if no horizon has a positive value. D is f's duration; B
 what reuse saves, the reload (`PrefillReload`, the context's prefill) plus
 T, the measured mean queueing delay of turns that came back to find their
 context gone. The cost is the memory-time the pin is expected to hold from
-now (a pin whose tool returns early stops costing then), at the price c:
-the fraction of the pin's own blocks that waiting requests entitled to
-pinned memory (one-shots, preempted requests: `QueueRules.entitled`) need
-beyond the free pool, and at least `idle_cost`. Programs that arrived later
-are not entitled (under program admission they wait for room anyway), so
-without one-shots or preemptions a pin costs only `idle_cost`: a tool that
-may return within the cap is held as `forever` holds it, and one that
-cannot (its recorded calls outlast what is left of `max_ttl_s`) is not.
+now (a pin whose tool returns early stops costing then) at a small price c
+(`idle_cost`), the same whoever waits: requests entitled to pinned memory
+(one-shots, preempted requests, overdue turns) take it through the pressure
+rule when they need it (`pressure.py`), so charging for them here would
+count their claim twice (measured: it let pins go whose turns came back);
+programs that arrived later wait for room under program admission anyway.
+So a tool that may return within the cap is held as `forever` holds it, and
+one that cannot (its recorded calls outlast what is left of `max_ttl_s`)
+is let go at once, its memory back to the pool for the next program.
+
+A call counts as returning in time if it returns within `late_return_s`
+after the cap: a duration is measured from the end of a turn to the
+arrival of the next, so a tool that times out at the cap is measured just
+past it, and the releaser lets pins go only at a step's start.
 
 The decision is revisited: the pin's TTL is the chosen horizon, at most
 `revisit_s` ahead, and when it passes the pin releaser asks again
-(`revisit`) with the elapsed time conditioned on and the contention of
-that moment. A call that has already run long is likely a slow one: once
-the calls that took that long mostly outlasted the cap, the pin goes. A
-call that has outlasted every recorded one is held (nothing is known about
-it), and a pin whose next turn is already queued is held to the cap
-(`PinController._revisit`): its call has returned.
+(`revisit`) with the elapsed time conditioned on. A call that has already
+run long is likely a slow one: once the calls that took that long mostly
+outlasted the cap, the pin goes. A call that has outlasted every recorded
+one is held (nothing is known about it), and a pin whose next turn is
+already queued is held to the cap (`PinController._revisit`): its call has
+returned.
 
 D's distribution is the tool's own recorded durations mixed with all tools'
 by `prior_samples` pseudo-samples (weights n / (n + k0)), so a tool's own
@@ -40,7 +46,6 @@ import bisect
 from collections.abc import Sequence
 
 from vllm_continuum.core.durations import ToolDurations
-from vllm_continuum.core.pin_value import pin_pressure
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd
 from vllm_continuum.core.workload import WorkloadModel
@@ -97,7 +102,6 @@ class HazardTTLPolicy(TTLPolicy):
     """The retention rule of the module's docstring (`ttl_policy: hazard`)."""
 
     name = "hazard"
-    reads_pool = True  # PinMaker passes the pool's state as the entitled requests need it
 
     def __init__(
         self,
@@ -108,6 +112,7 @@ class HazardTTLPolicy(TTLPolicy):
         prior_samples: float = 3.0,
         revisit_s: float = 5.0,
         idle_cost: float = 0.02,
+        late_return_s: float = 0.5,
     ) -> None:
         super().__init__(max_ttl_s)
         self.workload = workload
@@ -115,6 +120,7 @@ class HazardTTLPolicy(TTLPolicy):
         self.prior_samples = prior_samples
         self.revisit_s = revisit_s
         self.idle_cost = idle_cost
+        self.late_return_s = late_return_s
 
     def profile_note(self, max_model_len: int) -> str | None:
         return self.profile.clamp_note(max_model_len)
@@ -135,7 +141,7 @@ class HazardTTLPolicy(TTLPolicy):
             return ((w_own, own),) if own else ()
         return ((w_own, own), (1.0 - w_own, pooled))
 
-    def hold_for(self, tool: str, elapsed: float, num_context_tokens: int, contention: float) -> tuple[float, str]:
+    def hold_for(self, tool: str, elapsed: float, num_context_tokens: int) -> tuple[float, str]:
         """(how much longer to hold from `elapsed`, the source): 0 = release now."""
         limit = self.max_ttl_s
         rest = limit - elapsed
@@ -146,19 +152,16 @@ class HazardTTLPolicy(TTLPolicy):
             return min(rest, self.revisit_s), "no durations"
         history = self.workload.durations.of(tool)
         source = "tool+all durations" if history is not None and len(history) else "all durations"
-        cost = max(self.idle_cost, min(1.0, contention))
-        h = best_horizon(parts, elapsed, limit, self.benefit_s(num_context_tokens), cost)
+        h = best_horizon(parts, elapsed, limit + self.late_return_s,
+                         self.benefit_s(num_context_tokens), self.idle_cost)
         if h <= elapsed:
             return 0.0, source
-        return min(h - elapsed, self.revisit_s), source
+        return min(h - elapsed, rest, self.revisit_s), source
 
     def choose(self, turn: TurnEnd) -> TTLDecision:
-        contention = pin_pressure(turn.pool, turn.marginal_blocks)
-        ttl, source = self.hold_for(turn.tool, 0.0, turn.num_context_tokens, contention)
+        ttl, source = self.hold_for(turn.tool, 0.0, turn.num_context_tokens)
         return TTLDecision(ttl, source, revisable=ttl > 0)
 
-    def revisit(self, tool: str, elapsed: float, num_context_tokens: int, contention: float) -> float:
+    def revisit(self, tool: str, elapsed: float, num_context_tokens: int) -> float:
         """How much longer a pin `elapsed` seconds old keeps its blocks (0: release)."""
-        return self.hold_for(tool, elapsed, num_context_tokens, contention)[0]
-
-
+        return self.hold_for(tool, elapsed, num_context_tokens)[0]
