@@ -76,10 +76,12 @@ class PinMaker:
         holds its blocks (then they must not be freed)."""
         blocks, fence = self.ledger.take(request)
         hashes = tuple(request.block_hashes)
+        pool_size = self.ledger.pool_size
         replaced, kept = session_quota_cut(
             self.pins, session, self.ledger.ids(blocks, keep_null=True), hashes,
-            quota=int(self.config.max_session_pinned_fraction * self.ledger.pool_size),
-            hashes_per_block=self.hashes_per_block, one_kv_group=self.one_kv_group)
+            quota=int(self.config.max_session_pinned_fraction * pool_size),
+            hashes_per_block=self.hashes_per_block, one_kv_group=self.one_kv_group,
+            pool_size=pool_size)
         kept_ids = self.ledger.ids(blocks[:kept])
         kept_hashes = hashes[: kept * self.hashes_per_block]
         anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
@@ -92,7 +94,7 @@ class PinMaker:
             kept_tokens = min(request.num_tokens, kept * self.block_size)
             ttl_s, contested_ttl_s, revisable = self._ttl(
                 TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s), kept_ids)
-        cap = int(self.config.max_pinned_fraction * self.ledger.pool_size)
+        cap = int(self.config.max_pinned_fraction * pool_size)
         victims = cap_victims(self.pins, kept_ids, replaced, arrival, cap=cap) if ttl_s > 0 else None
         if victims is None:
             if ttl_s > 0:

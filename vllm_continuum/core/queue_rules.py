@@ -48,7 +48,15 @@ from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.turn import Turn, TurnRequest
 from vllm_continuum.core.waiting_bound import WaitingBound
-from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
+from vllm_continuum.core.waiting_queue import (
+    AGING,
+    PINNED,
+    PREEMPTED,
+    REGULAR,
+    TURN_BOUND,
+    WAITING_BOUND,
+    LaneQueue,
+)
 
 
 class QueueRules:
@@ -69,6 +77,7 @@ class QueueRules:
         self.bound = WaitingBound(config.max_queue_delay_s)  # keyed by arrival
         self.turn_bound = WaitingBound(config.max_turn_delay_s)  # keyed by place (program arrival)
         self.aging = WaitingBound(config.max_turn_aging_s)  # keyed by where a turn's aging counts from
+        self._bounds = {WAITING_BOUND: self.bound, TURN_BOUND: self.turn_bound, AGING: self.aging}
         self.level, self.now = level, now
         self._preempted = preempted_status
         self._requeue = requeue
@@ -88,6 +97,7 @@ class QueueRules:
             aging_from=self.aging_from,
             aged=self.aged,
             turn_bounds=(not self.turn_bound.off, not self.aging.off),
+            none_due=self.none_due,
         )
 
     def lane_of(self, request: TurnRequest) -> int:
@@ -157,6 +167,14 @@ class QueueRules:
         """Later requests without a session have gone ahead of this turn for its bound."""
         return (not self.aging.off and not self.has_waiting_bound(request)
                 and self.aging.overdue(self.aging_from(request), self.level(request), self.now()))
+
+    def none_due(self, bound: int, level: int) -> bool:
+        """No request of the level waiting under `bound` (waiting_queue.py's
+        WAITING_BOUND, TURN_BOUND, AGING) can be overdue (resp. aged) now: the
+        queue's O(1) shortcut past `overdue` and `aged`. A request waits under
+        the waiting bound iff `has_waiting_bound`, so each of those reads only
+        its own bound's marks."""
+        return not self._bounds[bound].anyone_overdue(level, self.now())
 
     def went_ahead(self, request: TurnRequest) -> None:
         """It was admitted: every waiting request it passed starts its extra wait

@@ -79,6 +79,13 @@ class WaitingBound:
         since = self.extra_since(enqueued_at, level)
         return since is not None and now - since >= self.max_delay_s
 
+    def anyone_overdue(self, level: int, now: float) -> bool:
+        """False if no request of the level can be overdue now: the earliest
+        mark (marks are kept in time order) is not `max_delay_s` old. O(1);
+        `overdue` is False for every request whenever this is."""
+        times = self._times.get(level)
+        return bool(times) and now - times[0] >= self.max_delay_s
+
     def prune(self, oldest_waiting: float) -> None:
         """Drop marks no waiting request can be passed by (every waiting
         request arrived at or after `oldest_waiting`): keeps them few."""

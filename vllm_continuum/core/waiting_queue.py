@@ -74,6 +74,7 @@ class LaneQueue(Generic[R]):
         aging_from: Callable[[R] , float] | None = None,
         aged: Callable[[R], bool] = lambda r: False,
         turn_bounds: tuple[bool, bool] = (True, True),
+        none_due: Callable[[int, int], bool] = lambda bound, priority: False,
     ) -> None:
         """`has_waiting_bound`: whether a request has the waiting bound (else it has the
         turn bound and aging); `place_of`: its program's place in arrival
@@ -81,7 +82,11 @@ class LaneQueue(Generic[R]):
         counts from (default: its enqueue time); `overdue`, `aged`: whether its
         bound, or its aging, has passed (asked only of the first of each to be
         overdue); `turn_bounds`: whether turns can be overdue (the turn bound)
-        and aged (aging): the heap of one that is off is not kept."""
+        and aged (aging): the heap of one that is off is not kept; `none_due(bound,
+        priority)`: True if no request of that bound (WAITING_BOUND, TURN_BOUND:
+        overdue; AGING: aged) and level can be due now, so that the head is found
+        without asking `overdue` or `aged` of anyone (a shortcut: it must never
+        say True when one of them would say True)."""
         self._lane_of = lane_of
         self._key_of = key_of
         self._enqueued_at = enqueued_at
@@ -92,6 +97,7 @@ class LaneQueue(Generic[R]):
         self._aging_from = aging_from or enqueued_at
         self._aged_out = aged
         self._turn_bounds = turn_bounds
+        self._none_due = none_due
         self._tokens = itertools.count()
         self._ends = itertools.count(1)  # preempted lane: prepend < 0 < append
         self._members: dict[int, tuple[int, R, int]] = {}  # id -> (token, request, aging entries)
@@ -240,7 +246,7 @@ class LaneQueue(Generic[R]):
         turn = self._overdue_first((TURN_BOUND, priority))
         if turn is not None and self._place_of(head) > self._place_of(turn):
             return turn  # before any request of a later program
-        if overdue is None and self._has_waiting_bound(head):
+        if overdue is None and not self._none_due(AGING, priority) and self._has_waiting_bound(head):
             aged = self._first_aged((AGING, priority))
             if (aged is not None and self._aging_from(aged) < self._enqueued_at(head)
                     and self._aged_out(aged)):
@@ -255,6 +261,8 @@ class LaneQueue(Generic[R]):
 
     def _overdue_first(self, family: tuple[int, int]) -> R | None:
         """The first request of this bound and priority level, if it is overdue."""
+        if self._none_due(*family):
+            return None
         first = self._first_aged(family)
         return first if first is not None and self._overdue(first) else None
 
