@@ -168,28 +168,32 @@ class QueueRules:
         return (not self.aging.off and not self.has_waiting_bound(request)
                 and self.aging.overdue(self.aging_from(request), self.level(request), self.now()))
 
-    def none_due(self, bound: int, level: int) -> bool:
+    def none_due(self, bound: int | None, level: int) -> bool:
         """No request of the level waiting under `bound` (waiting_queue.py's
-        WAITING_BOUND, TURN_BOUND, AGING) can be overdue (resp. aged) now: the
-        queue's O(1) shortcut past `overdue` and `aged`. A request waits under
-        the waiting bound iff `has_waiting_bound`, so each of those reads only
-        its own bound's marks."""
-        return not self._bounds[bound].anyone_overdue(level, self.now())
+        WAITING_BOUND, TURN_BOUND, AGING; None: any of them) can be overdue
+        (resp. aged) now: the queue's O(1) shortcut past `overdue` and `aged`.
+        A request waits under the waiting bound iff `has_waiting_bound`, so each
+        of those reads only its own bound's marks."""
+        now = self.now()
+        if bound is not None:
+            return not self._bounds[bound].anyone_overdue(level, now)
+        return not (self.bound.anyone_overdue(level, now) or self.turn_bound.anyone_overdue(level, now)
+                    or self.aging.anyone_overdue(level, now))
 
     def went_ahead(self, request: TurnRequest) -> None:
         """It was admitted: every waiting request it passed starts its extra wait
         (a turn that continued its pinned context starts no turn's)."""
-        level, now, arrival = self.level(request), self.now(), self.arrival(request)
+        turn = self.turns.get(request.request_id)  # read once: this runs at every admission
+        level, now = self.level(request), self.now()
+        arrival = turn.arrival if turn is not None else now
         self.bound.went_ahead(arrival, level, now)
-        if self.has_waiting_bound(request):
+        session = turn.session if turn is not None else session_key(request.session_id)
+        if self.order.has_waiting_bound(session):
             if not self.aging.off:  # an infinite bound's marks are never read
                 self.aging.went_ahead(arrival, level, now)
-        elif not self.turn_bound.off and not self._continued_its_pin(request):
-            self.turn_bound.went_ahead(self.place(request), level, now)
-
-    def _continued_its_pin(self, request: TurnRequest) -> bool:
-        turn = self.turns.get(request.request_id)
-        return turn is not None and turn.resuming is not None and turn.resuming[0]
+        elif not self.turn_bound.off and not _continued_its_pin(turn):
+            place = self.order.place(turn.program_arrival, turn.arrival, now) if turn is not None else now
+            self.turn_bound.went_ahead(place, level, now)
 
     def waits_for_earlier_programs(self, request: TurnRequest) -> None:
         """An aged turn at the head waits for earlier programs' pins: that wait is
@@ -216,3 +220,8 @@ class QueueRules:
         """Whether a pin belongs to a program that arrived after the request's."""
         program = self.place(request)
         return lambda pin: pin.program_arrival > program
+
+
+def _continued_its_pin(turn: Turn | None) -> bool:
+    """An admitted turn that found its context pinned."""
+    return turn is not None and turn.resuming is not None and turn.resuming[0]

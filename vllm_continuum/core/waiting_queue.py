@@ -74,9 +74,10 @@ class LaneQueue(Generic[R]):
         aging_from: Callable[[R] , float] | None = None,
         aged: Callable[[R], bool] = lambda r: False,
         turn_bounds: tuple[bool, bool] = (True, True),
-        none_due: Callable[[int, int], bool] = lambda bound, priority: False,
+        none_due: Callable[[int | None, int], bool] = lambda bound, priority: False,
     ) -> None:
-        """`has_waiting_bound`: whether a request has the waiting bound (else it has the
+        """`key_of`: a request's order in its lane (a tuple, of one length for
+        every request); `has_waiting_bound`: whether a request has the waiting bound (else it has the
         turn bound and aging); `place_of`: its program's place in arrival
         order (the turn bound's order); `aging_from`: where a turn's aging
         counts from (default: its enqueue time); `overdue`, `aged`: whether its
@@ -84,7 +85,7 @@ class LaneQueue(Generic[R]):
         overdue); `turn_bounds`: whether turns can be overdue (the turn bound)
         and aged (aging): the heap of one that is off is not kept; `none_due(bound,
         priority)`: True if no request of that bound (WAITING_BOUND, TURN_BOUND:
-        overdue; AGING: aged) and level can be due now, so that the head is found
+        overdue; AGING: aged; None: any of them) and level can be due now, so that the head is found
         without asking `overdue` or `aged` of anyone (a shortcut: it must never
         say True when one of them would say True)."""
         self._lane_of = lane_of
@@ -102,10 +103,13 @@ class LaneQueue(Generic[R]):
         self._ends = itertools.count(1)  # preempted lane: prepend < 0 < append
         self._members: dict[int, tuple[int, R, int]] = {}  # id -> (token, request, aging entries)
         self._aged = 0  # members in the aging heaps
-        self._heap: list[tuple[tuple, int, R]] = []
-        # Per (bound, priority level): (age key, token, request) of non-preempted
-        # requests; the first is the first to be overdue.
-        self._aging: dict[tuple[int, int], list[tuple[tuple, int, R]]] = {}
+        # Heap entries are flat tuples, (priority, lane, *key, token, request) and
+        # per (bound, priority level) (*age key, token, request) of non-preempted
+        # requests (the first is the first to be overdue): the same order as
+        # nested keys (a lane's keys have one length), compared several times
+        # faster at each push and pop. The token and request are always last.
+        self._heap: list[tuple] = []
+        self._aging: dict[tuple[int, int], list[tuple]] = {}
         self._peeked: R | None = None  # what the last peek returned, until a push or pop
 
     # --- vLLM RequestQueue protocol -------------------------------------
@@ -201,9 +205,9 @@ class LaneQueue(Generic[R]):
         priority = self._priority_of(request)
         if lane == PREEMPTED:
             end = next(self._ends)
-            key, ages = (priority, PREEMPTED, (-end if front else end,)), []
+            key, ages = (priority, PREEMPTED, -end if front else end), []
         else:
-            key = (priority, lane, self._key_of(request))
+            key = (priority, lane, *self._key_of(request))
             enqueued = self._enqueued_at(request)
             if self._has_waiting_bound(request):
                 ages = [(WAITING_BOUND, (enqueued,))]
@@ -213,10 +217,10 @@ class LaneQueue(Generic[R]):
                 if aging:
                     ages.append((AGING, (self._aging_from(request), enqueued)))
         for bound, age_key in ages:
-            heapq.heappush(self._aging.setdefault((bound, priority), []), (age_key, token, request))
+            heapq.heappush(self._aging.setdefault((bound, priority), []), (*age_key, token, request))
         self._members[id(request)] = (token, request, len(ages))
         self._aged += len(ages)
-        heapq.heappush(self._heap, (key, token, request))
+        heapq.heappush(self._heap, (*key, token, request))
 
     def _forget(self, request: R) -> None:
         self._peeked = None
@@ -234,13 +238,14 @@ class LaneQueue(Generic[R]):
         program (a request without a session's program is itself); the oldest
         aged turn before later requests without a session."""
         heap = self._heap
-        while heap and not self._valid(heap[0][1], heap[0][2]):
+        while heap and not self._valid(heap[0][-2], heap[0][-1]):
             heapq.heappop(heap)
         if not heap:
             raise IndexError("peek from an empty queue")
-        (priority, lane, _), _, top = heap[0]
-        if lane == PREEMPTED:
-            return top
+        first = heap[0]
+        priority, lane, top = first[0], first[1], first[-1]
+        if lane == PREEMPTED or self._none_due(None, priority):
+            return top  # (nobody overdue or aged: the heap's order)
         overdue = self._overdue_first((WAITING_BOUND, priority))
         head = overdue or top
         turn = self._overdue_first((TURN_BOUND, priority))
@@ -255,9 +260,9 @@ class LaneQueue(Generic[R]):
 
     def _first_aged(self, family: tuple[int, int]) -> R | None:
         aging = self._aging.get(family)
-        while aging and not self._valid(aging[0][1], aging[0][2]):
+        while aging and not self._valid(aging[0][-2], aging[0][-1]):
             heapq.heappop(aging)
-        return aging[0][2] if aging else None
+        return aging[0][-1] if aging else None
 
     def _overdue_first(self, family: tuple[int, int]) -> R | None:
         """The first request of this bound and priority level, if it is overdue."""
@@ -270,10 +275,10 @@ class LaneQueue(Generic[R]):
         """Drop stale entries once they outnumber the live ones."""
         stale = len(self._heap) + sum(map(len, self._aging.values())) - len(self._members) - self._aged
         if stale > len(self._members) + 64:
-            self._heap = [e for e in self._heap if self._valid(e[1], e[2])]
+            self._heap = [e for e in self._heap if self._valid(e[-2], e[-1])]
             heapq.heapify(self._heap)
             for family, aging in list(self._aging.items()):
-                kept = [e for e in aging if self._valid(e[1], e[2])]
+                kept = [e for e in aging if self._valid(e[-2], e[-1])]
                 if kept:
                     heapq.heapify(kept)
                     self._aging[family] = kept
