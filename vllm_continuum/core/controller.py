@@ -282,7 +282,7 @@ class PinController:
                 if not had_pin:  # T: what turns that lost their cache waited
                     self.workload.queueing.add(self.now() - arrived)
                 self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens)
-        self._hand_over(request)  # if its allocation did not already
+        self._hand_over(request, turn)  # if its allocation did not already
 
     # ---------------------------------------------------------- finish side
     def on_finished(
@@ -366,10 +366,12 @@ class PinController:
         if turn is not None and turn.continues:
             for pending in self._pending_of.get(turn.session, {}).values():  # blocks a connector holds
                 pending.superseded = True
-        self._hand_over(request)
+        self._hand_over(request, turn)
 
-    def _hand_over(self, request: TurnRequest) -> None:
-        pin = self.pins.pin_continued_by(self.session(request), request.block_hashes)
+    def _hand_over(self, request: TurnRequest, turn: Turn | None) -> None:
+        """`turn`: the request's, if it has one (its session is read from it)."""
+        session = turn.session if turn is not None else session_key(request.session_id)
+        pin = self.pins.pin_continued_by(session, request.block_hashes)
         if pin is not None and pin.request_id != request.request_id:
             self.releaser.release(pin, ReleaseReason.RESUMED)
 

@@ -177,16 +177,19 @@ class LaneQueue(Generic[R]):
         time of the longest-waiting request with the waiting bound, the program
         arrival of the earliest program with a turn waiting (turn bound), where
         the aging of the longest-aging turn counts from (None: nobody)."""
-        return (self._least(WAITING_BOUND, self._enqueued_at),
-                self._least(TURN_BOUND, self._place_of),
-                self._least(AGING, self._aging_from))
+        value_of = (self._enqueued_at, self._place_of, self._aging_from)  # by bound
+        least: list[float | None] = [None, None, None]
+        for family in list(self._aging):  # one pass: this runs at every step that admits
+            first = self._first_aged(family)
+            if first is not None:
+                bound = family[0]
+                value = value_of[bound](first)
+                if least[bound] is None or value < least[bound]:
+                    least[bound] = value
+        return least[WAITING_BOUND], least[TURN_BOUND], least[AGING]
 
     def oldest_enqueued_at(self) -> float | None:
         return self.firsts()[0]
-
-    def _least(self, bound: int, value: Callable[[R], float]) -> float | None:
-        firsts = [self._first_aged(family) for family in list(self._aging) if family[0] == bound]
-        return min((value(r) for r in firsts if r is not None), default=None)
 
     # --- internals ---------------------------------------------------------
     def _ordered(self) -> list[R]:
