@@ -77,12 +77,13 @@ class PinMaker:
         blocks, fence = self.ledger.take(request)
         hashes = tuple(request.block_hashes)
         pool_size = self.ledger.pool_size
+        ids = self.ledger.ids(blocks, keep_null=True)  # None for a null block
         replaced, kept = session_quota_cut(
-            self.pins, session, self.ledger.ids(blocks, keep_null=True), hashes,
+            self.pins, session, ids, hashes,
             quota=int(self.config.max_session_pinned_fraction * pool_size),
             hashes_per_block=self.hashes_per_block, one_kv_group=self.one_kv_group,
             pool_size=pool_size)
-        kept_ids = self.ledger.ids(blocks[:kept])
+        kept_ids = tuple(i for i in ids[:kept] if i is not None)
         kept_hashes = hashes[: kept * self.hashes_per_block]
         anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
         ttl_s = 0.0
@@ -137,6 +138,7 @@ class PinMaker:
             turn = replace(turn, pool=pool, marginal_blocks=own)
         decision = self.ttl_policy.decide(turn)
         self.stats.on_ttl_decision(turn.tool, decision.ttl_s, decision.source)
-        logger.debug("continuum: session=%s tool=%s ttl=%.3fs source=%s",
-                     turn.session_id, turn.tool, decision.ttl_s, decision.source)
+        if logger.isEnabledFor(logging.DEBUG):  # (a pin is made at every tool call)
+            logger.debug("continuum: session=%s tool=%s ttl=%.3fs source=%s",
+                         turn.session_id, turn.tool, decision.ttl_s, decision.source)
         return decision.ttl_s, decision.contested_ttl_s, decision.revisable
