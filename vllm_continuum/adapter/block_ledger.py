@@ -70,6 +70,8 @@ class VllmBlockLedger:
         return blocks, fence
 
     def give_back(self, blocks: Sequence[KVCacheBlock], fence: int) -> None:
+        if not blocks:
+            return  # (a pin that keeps all its blocks gives back none)
         if not self._internals.fence_passed(fence):
             self._internals.defer_free(fence, list(blocks))  # as stock defers a free
             return

@@ -386,7 +386,9 @@ class PinController:
         ended (a connector freed the blocks late) and continue it join the
         pinned lane. Turns that arrived before cannot be its next turn: they
         are not read, so a session's flood of queued requests costs nothing."""
-        queued = self._queued.get(pin.session_id, {})
+        queued = self._queued.get(pin.session_id)
+        if not queued:
+            return
         for request_id in reversed(list(_tail_after(queued, self.turns, ended_seq))):
             request, turn = queued[request_id], self.turns[request_id]
             if turn.pin is None and pin.anchor.continued_by(request.block_hashes):
