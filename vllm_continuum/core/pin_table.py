@@ -213,7 +213,10 @@ class PinTable:
             self._tails.setdefault(pin.session_id, {}).setdefault(pin.hashes[-1], []).append(pin)
         blocks = pin.block_id_set
         _increment(self._refs, blocks)
-        _increment(self._session_refs.setdefault(pin.session_id, Counter()), blocks)
+        session_refs = self._session_refs.get(pin.session_id)
+        if session_refs is None:  # (no Counter built for a session that has one)
+            session_refs = self._session_refs[pin.session_id] = Counter()
+        _increment(session_refs, blocks)
         heapq.heappush(self._deadlines, (pin.expires_at, pin.seq, pin.request_id))
         heapq.heappush(self._release, (-pin.program_arrival, -pin.seq, pin.seq, pin.request_id))
         heapq.heappush(self._oldest, (pin.program_arrival, pin.seq, pin.seq, pin.request_id))
