@@ -56,10 +56,13 @@ class WaitingBound:
     def went_ahead(self, enqueued_at: float, level: int, now: float) -> None:
         """A request enqueued at `enqueued_at` was admitted (or held at the
         head): every waiting request of its level that arrived earlier is passed."""
-        latest = self._latest.setdefault(level, [])
+        latest = self._latest.get(level)
+        if latest is None:  # (no list built per admission, as setdefault would)
+            latest = self._latest[level] = []
+            self._times[level] = []
         if not latest or enqueued_at > latest[-1]:
             latest.append(enqueued_at)
-            self._times.setdefault(level, []).append(now)
+            self._times[level].append(now)
 
     def held_by_pins(self, level: int, now: float) -> None:
         """Pins kept memory the head of the queue needed: everyone waiting now
