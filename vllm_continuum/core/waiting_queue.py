@@ -77,17 +77,18 @@ class LaneQueue(Generic[R]):
         none_due: Callable[[int | None, int], bool] = lambda bound, priority: False,
     ) -> None:
         """`key_of`: a request's order in its lane (a tuple, of one length for
-        every request); `has_waiting_bound`: whether a request has the waiting bound (else it has the
-        turn bound and aging); `place_of`: its program's place in arrival
+        every request); `has_waiting_bound`: whether a request has the
+        waiting bound (else it has the turn bound and aging); `place_of`: its program's place in arrival
         order (the turn bound's order); `aging_from`: where a turn's aging
         counts from (default: its enqueue time); `overdue`, `aged`: whether its
         bound, or its aging, has passed (asked only of the first of each to be
         overdue); `turn_bounds`: whether turns can be overdue (the turn bound)
-        and aged (aging): the heap of one that is off is not kept; `none_due(bound,
-        priority)`: True if no request of that bound (WAITING_BOUND, TURN_BOUND:
-        overdue; AGING: aged; None: any of them) and level can be due now, so that the head is found
-        without asking `overdue` or `aged` of anyone (a shortcut: it must never
-        say True when one of them would say True)."""
+        and aged (aging): the heap of one that is off is not kept;
+        `none_due(bound, priority)`: True if no request of that bound
+        (WAITING_BOUND, TURN_BOUND: overdue; AGING: aged; None: any of them)
+        and level can be due now, so that the head is found without asking
+        `overdue` or `aged` of anyone (a shortcut: it must never say True when
+        one of them would say True)."""
         self._lane_of = lane_of
         self._key_of = key_of
         self._enqueued_at = enqueued_at
