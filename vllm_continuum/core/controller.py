@@ -274,7 +274,7 @@ class PinController:
     def _on_admitted(self, request: TurnRequest, num_cached_tokens: int) -> None:
         turn = self.turns.get(request.request_id)
         if turn is not None:
-            self.queue.went_ahead(request)
+            self.queue.went_ahead(request, turn)
             self._dequeued(request, turn)
             if turn.resuming is not None:
                 had_pin, arrived = turn.resuming

@@ -47,7 +47,7 @@ from vllm_continuum.core.pin_table import Pin, PinTable
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.turn import Turn, TurnRequest
-from vllm_continuum.core.waiting_bound import WaitingBound
+from vllm_continuum.core.waiting_bound import WaitingBound, anyone_overdue
 from vllm_continuum.core.waiting_queue import (
     AGING,
     PINNED,
@@ -174,16 +174,16 @@ class QueueRules:
         (resp. aged) now: the queue's O(1) shortcut past `overdue` and `aged`.
         A request waits under the waiting bound iff `has_waiting_bound`, so each
         of those reads only its own bound's marks."""
-        now = self.now()
         if bound is not None:
-            return not self._bounds[bound].anyone_overdue(level, now)
-        return not (self.bound.anyone_overdue(level, now) or self.turn_bound.anyone_overdue(level, now)
-                    or self.aging.anyone_overdue(level, now))
+            return not self._bounds[bound].anyone_overdue(level, self.now())
+        return not anyone_overdue(self._bounds.values(), level, self.now())
 
-    def went_ahead(self, request: TurnRequest) -> None:
+    def went_ahead(self, request: TurnRequest, turn: Turn | None = None) -> None:
         """It was admitted: every waiting request it passed starts its extra wait
-        (a turn that continued its pinned context starts no turn's)."""
-        turn = self.turns.get(request.request_id)  # read once: this runs at every admission
+        (a turn that continued its pinned context starts no turn's). `turn`: its
+        turn, if the caller has it (else looked up)."""
+        if turn is None:
+            turn = self.turns.get(request.request_id)
         level, now = self.level(request), self.now()
         arrival = turn.arrival if turn is not None else now
         self.bound.went_ahead(arrival, level, now)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable
 
 
 class WaitingBound:
@@ -96,3 +97,13 @@ class WaitingBound:
             i = bisect.bisect_right(latest, oldest_waiting)
             del latest[:i]
             del self._times[level][:i]
+
+
+def anyone_overdue(bounds: Iterable[WaitingBound], level: int, now: float) -> bool:
+    """`WaitingBound.anyone_overdue` of any of `bounds`, in one call (the
+    queue asks at every peek)."""
+    for bound in bounds:
+        times = bound._times.get(level)
+        if times and now - times[0] >= bound.max_delay_s:
+            return True
+    return False
