@@ -58,6 +58,7 @@ PREEMPTED, PINNED, REGULAR = 0, 1, 2
 # The bounds a non-preempted request has: the waiting bound (without a
 # session), or the turn bound and aging (a session's turn).
 WAITING_BOUND, TURN_BOUND, AGING = 0, 1, 2
+_GONE = (-1,)  # the member entry of a request not queued: no token matches it
 
 
 class LaneQueue(Generic[R]):
@@ -241,8 +242,8 @@ class LaneQueue(Generic[R]):
         first overdue one with the turn bound before every request of a later
         program (a request without a session's program is itself); the oldest
         aged turn before later requests without a session."""
-        heap = self._heap
-        while heap and not self._valid(heap[0][-2], heap[0][-1]):
+        heap, member = self._heap, self._members.get
+        while heap and member(id(heap[0][-1]), _GONE)[0] != heap[0][-2]:  # not `_valid`: inlined
             heapq.heappop(heap)
         if not heap:
             raise IndexError("peek from an empty queue")
@@ -263,8 +264,8 @@ class LaneQueue(Generic[R]):
         return head
 
     def _first_aged(self, family: tuple[int, int]) -> R | None:
-        aging = self._aging.get(family)
-        while aging and not self._valid(aging[0][-2], aging[0][-1]):
+        aging, member = self._aging.get(family), self._members.get
+        while aging and member(id(aging[0][-1]), _GONE)[0] != aging[0][-2]:  # not `_valid`: inlined
             heapq.heappop(aging)
         return aging[0][-1] if aging else None
 
