@@ -45,6 +45,7 @@ from vllm_continuum.core.waiting_queue import LaneQueue
 from vllm_continuum.metrics.stats import ContinuumStats
 
 logger = init_logger("vllm.continuum")
+_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)  # an allocation of theirs admits them
 
 
 class ContinuumWaitingQueue(LaneQueue, RequestQueue):
@@ -212,7 +213,7 @@ class ContinuumSchedulerMixin:
     def _allocate_slots_or_release_pins(self, request: Request, *args, **kwargs):
         """vLLM's allocate_slots; when it fails for lack of blocks, the
         controller may release pins that cover the shortfall and retry once."""
-        admitting = request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        admitting = request.status in _ADMITTING
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
         if blocks is None and self.continuum.pins:
             hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)

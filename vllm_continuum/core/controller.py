@@ -271,7 +271,7 @@ class PinController:
     def _on_admitted(self, request: TurnRequest, num_cached_tokens: int) -> None:
         turn = self.turns.get(request.request_id)
         if turn is not None:
-            self.queue.went_ahead(request)
+            self.queue.went_ahead(request, turn)
             self._dequeued(request, turn)
             if turn.resuming is not None:
                 had_pin, arrived = turn.resuming
@@ -279,7 +279,7 @@ class PinController:
                 if not had_pin:  # T: what turns that lost their cache waited
                     self.workload.queueing.add(self.now() - arrived)
                 self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens)
-        self._hand_over(request)  # if its allocation did not already
+        self._hand_over(request, turn)  # if its allocation did not already
 
     # ---------------------------------------------------------- finish side
     def on_finished(
@@ -363,10 +363,12 @@ class PinController:
         if turn is not None and turn.continues:
             for pending in self._pending_of.get(turn.session, {}).values():  # blocks a connector holds
                 pending.superseded = True
-        self._hand_over(request)
+        self._hand_over(request, turn)
 
-    def _hand_over(self, request: TurnRequest) -> None:
-        pin = self.pins.pin_continued_by(self.session(request), request.block_hashes)
+    def _hand_over(self, request: TurnRequest, turn: Turn | None) -> None:
+        """`turn`: the request's, if it has one (its session is read from it)."""
+        session = turn.session if turn is not None else session_key(request.session_id)
+        pin = self.pins.pin_continued_by(session, request.block_hashes)
         if pin is not None and pin.request_id != request.request_id:
             self.releaser.release(pin, ReleaseReason.RESUMED)
 
@@ -381,7 +383,9 @@ class PinController:
         ended (a connector freed the blocks late) and continue it join the
         pinned lane. Turns that arrived before cannot be its next turn: they
         are not read, so a session's flood of queued requests costs nothing."""
-        queued = self._queued.get(pin.session_id, {})
+        queued = self._queued.get(pin.session_id)
+        if not queued:
+            return
         for request_id in reversed(list(_tail_after(queued, self.turns, ended_seq))):
             request, turn = queued[request_id], self.turns[request_id]
             if turn.pin is None and pin.anchor.continued_by(request.block_hashes):

@@ -34,11 +34,15 @@ from vllm_continuum.core.pressure import pins_to_release
 
 def session_quota_cut(pins: PinTable, session: str, block_ids: Sequence[int | None],
                       hashes: Sequence[Hashable], *, quota: int, hashes_per_block: int,
-                      one_kv_group: bool) -> tuple[list[Pin], int]:
+                      one_kv_group: bool, pool_size: int | None = None) -> tuple[list[Pin], int]:
     """(the session's pins the new one replaces, how many of its leading blocks it
     keeps) so that the session's pins stay within `quota` blocks. `block_ids`: the
-    new pin's blocks' ids in order (None for a null block)."""
+    new pin's blocks' ids in order (None for a null block); `pool_size`: the
+    pool's blocks, if known: a quota of them all is never passed (a session's
+    distinct blocks are the pool's), so nothing is counted (the default, 1.0)."""
     kept = len(block_ids)
+    if pool_size is not None and quota >= pool_size:
+        return pins.pins_subsumed_by(session, hashes[: kept * hashes_per_block]), kept
     while True:  # fewer kept blocks replace fewer pins: a few rounds at most
         replaced = pins.pins_subsumed_by(session, hashes[: kept * hashes_per_block])
         others = pins.session_count_with(session, (), without=replaced)

@@ -76,11 +76,14 @@ class PinMaker:
         holds its blocks (then they must not be freed)."""
         blocks, fence = self.ledger.take(request)
         hashes = tuple(request.block_hashes)
+        pool_size = self.ledger.pool_size
+        ids = self.ledger.ids(blocks, keep_null=True)  # None for a null block
         replaced, kept = session_quota_cut(
-            self.pins, session, self.ledger.ids(blocks, keep_null=True), hashes,
-            quota=int(self.config.max_session_pinned_fraction * self.ledger.pool_size),
-            hashes_per_block=self.hashes_per_block, one_kv_group=self.one_kv_group)
-        kept_ids = self.ledger.ids(blocks[:kept])
+            self.pins, session, ids, hashes,
+            quota=int(self.config.max_session_pinned_fraction * pool_size),
+            hashes_per_block=self.hashes_per_block, one_kv_group=self.one_kv_group,
+            pool_size=pool_size)
+        kept_ids = tuple(i for i in ids[:kept] if i is not None)
         kept_hashes = hashes[: kept * self.hashes_per_block]
         anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
         ttl_s = 0.0
@@ -92,7 +95,7 @@ class PinMaker:
             kept_tokens = min(request.num_tokens, kept * self.block_size)
             ttl_s, contested_ttl_s, revisable = self._ttl(
                 TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s), kept_ids)
-        cap = int(self.config.max_pinned_fraction * self.ledger.pool_size)
+        cap = int(self.config.max_pinned_fraction * pool_size)
         victims = cap_victims(self.pins, kept_ids, replaced, arrival, cap=cap) if ttl_s > 0 else None
         if victims is None:
             if ttl_s > 0:
@@ -135,6 +138,7 @@ class PinMaker:
             turn = replace(turn, pool=pool, marginal_blocks=own)
         decision = self.ttl_policy.decide(turn)
         self.stats.on_ttl_decision(turn.tool, decision.ttl_s, decision.source)
-        logger.debug("continuum: session=%s tool=%s ttl=%.3fs source=%s",
-                     turn.session_id, turn.tool, decision.ttl_s, decision.source)
+        if logger.isEnabledFor(logging.DEBUG):  # (a pin is made at every tool call)
+            logger.debug("continuum: session=%s tool=%s ttl=%.3fs source=%s",
+                         turn.session_id, turn.tool, decision.ttl_s, decision.source)
         return decision.ttl_s, decision.contested_ttl_s, decision.revisable

@@ -92,14 +92,15 @@ def pins_to_release(
         return candidates if blocks_freed(candidates, refs, keep) > 0 else []
     if needed <= 0:
         return []
-    held: Counter[int] = Counter()
+    held: dict[int, int] = {}  # block -> chosen pins holding it (a dict: no __missing__ call per block)
+    count = held.get
     freed = 0
     chosen: list = []
     for pin in candidates:
         chosen.append(pin)
         for b in set(pin.block_ids):
-            held[b] += 1
-            if held[b] == refs(b) and b not in keep:
+            n = held[b] = count(b, 0) + 1
+            if n == refs(b) and b not in keep:
                 freed += 1  # its last reference goes
         if freed >= needed:
             break
@@ -109,7 +110,8 @@ def pins_to_release(
         own = [b for b in set(pin.block_ids) if held[b] == refs(b) and b not in keep]
         if freed - len(own) >= needed:
             chosen.remove(pin)
-            held.subtract(set(pin.block_ids))
+            for b in set(pin.block_ids):
+                held[b] -= 1
             freed -= len(own)
     return chosen
 

@@ -47,8 +47,16 @@ from vllm_continuum.core.pin_table import Pin, PinTable
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.turn import Turn, TurnRequest
-from vllm_continuum.core.waiting_bound import WaitingBound
-from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
+from vllm_continuum.core.waiting_bound import WaitingBound, anyone_overdue
+from vllm_continuum.core.waiting_queue import (
+    AGING,
+    PINNED,
+    PREEMPTED,
+    REGULAR,
+    TURN_BOUND,
+    WAITING_BOUND,
+    LaneQueue,
+)
 
 
 class QueueRules:
@@ -69,6 +77,7 @@ class QueueRules:
         self.bound = WaitingBound(config.max_queue_delay_s)  # keyed by arrival
         self.turn_bound = WaitingBound(config.max_turn_delay_s)  # keyed by place (program arrival)
         self.aging = WaitingBound(config.max_turn_aging_s)  # keyed by where a turn's aging counts from
+        self._bounds = {WAITING_BOUND: self.bound, TURN_BOUND: self.turn_bound, AGING: self.aging}
         self.level, self.now = level, now
         self._preempted = preempted_status
         self._requeue = requeue
@@ -88,6 +97,7 @@ class QueueRules:
             aging_from=self.aging_from,
             aged=self.aged,
             turn_bounds=(not self.turn_bound.off, not self.aging.off),
+            none_due=self.none_due,
         )
 
     def lane_of(self, request: TurnRequest) -> int:
@@ -158,20 +168,32 @@ class QueueRules:
         return (not self.aging.off and not self.has_waiting_bound(request)
                 and self.aging.overdue(self.aging_from(request), self.level(request), self.now()))
 
-    def went_ahead(self, request: TurnRequest) -> None:
+    def none_due(self, bound: int | None, level: int) -> bool:
+        """No request of the level waiting under `bound` (waiting_queue.py's
+        WAITING_BOUND, TURN_BOUND, AGING; None: any of them) can be overdue
+        (resp. aged) now: the queue's O(1) shortcut past `overdue` and `aged`.
+        A request waits under the waiting bound iff `has_waiting_bound`, so each
+        of those reads only its own bound's marks."""
+        if bound is not None:
+            return not self._bounds[bound].anyone_overdue(level, self.now())
+        return not anyone_overdue(self._bounds.values(), level, self.now())
+
+    def went_ahead(self, request: TurnRequest, turn: Turn | None = None) -> None:
         """It was admitted: every waiting request it passed starts its extra wait
-        (a turn that continued its pinned context starts no turn's)."""
-        level, now, arrival = self.level(request), self.now(), self.arrival(request)
+        (a turn that continued its pinned context starts no turn's). `turn`: its
+        turn, if the caller has it (else looked up)."""
+        if turn is None:
+            turn = self.turns.get(request.request_id)
+        level, now = self.level(request), self.now()
+        arrival = turn.arrival if turn is not None else now
         self.bound.went_ahead(arrival, level, now)
-        if self.has_waiting_bound(request):
+        session = turn.session if turn is not None else session_key(request.session_id)
+        if self.order.has_waiting_bound(session):
             if not self.aging.off:  # an infinite bound's marks are never read
                 self.aging.went_ahead(arrival, level, now)
-        elif not self.turn_bound.off and not self._continued_its_pin(request):
-            self.turn_bound.went_ahead(self.place(request), level, now)
-
-    def _continued_its_pin(self, request: TurnRequest) -> bool:
-        turn = self.turns.get(request.request_id)
-        return turn is not None and turn.resuming is not None and turn.resuming[0]
+        elif not self.turn_bound.off and not _continued_its_pin(turn):
+            place = self.order.place(turn.program_arrival, turn.arrival, now) if turn is not None else now
+            self.turn_bound.went_ahead(place, level, now)
 
     def waits_for_earlier_programs(self, request: TurnRequest) -> None:
         """An aged turn at the head waits for earlier programs' pins: that wait is
@@ -198,3 +220,8 @@ class QueueRules:
         """Whether a pin belongs to a program that arrived after the request's."""
         program = self.place(request)
         return lambda pin: pin.program_arrival > program
+
+
+def _continued_its_pin(turn: Turn | None) -> bool:
+    """An admitted turn that found its context pinned."""
+    return turn is not None and turn.resuming is not None and turn.resuming[0]

@@ -112,10 +112,17 @@ class SessionRegistry:
     def observe_turn_end(
         self, session_id: str, now: float, tool: str | None, anchor: Anchor | None
     ) -> None:
-        state = self._touch(session_id, now)
+        table, state = self._find(session_id)
         if state is not None:
             # It did real work: out of a flood's reach; paused agents last of all.
-            self._move(session_id, self._paused if tool is not None else self._known)
+            # Either way it is now the most recently active of its table.
+            state.last_seen = now
+            to = self._paused if tool is not None else self._known
+            if table is to:
+                table.move_to_end(session_id)
+            else:
+                del table[session_id]
+                to[session_id] = state
             state.turns += 1
             state.last_end = now
             state.last_tool = tool
@@ -162,14 +169,20 @@ class SessionRegistry:
                     ended.append((session_id, state.turns))
         return ended
 
-    def _touch(self, session_id: str, now: float) -> SessionState | None:
+    def _find(self, session_id: str) -> tuple[OrderedDict[str, SessionState] | None, SessionState | None]:
+        """(the table holding the session, its state), or (None, None)."""
         for table in self._tables:
             state = table.get(session_id)
             if state is not None:
-                state.last_seen = now
-                table.move_to_end(session_id)
-                return state
-        return None
+                return table, state
+        return None, None
+
+    def _touch(self, session_id: str, now: float) -> SessionState | None:
+        table, state = self._find(session_id)
+        if state is not None:
+            state.last_seen = now
+            table.move_to_end(session_id)
+        return state
 
     def _table_of(self, session_id: str) -> OrderedDict[str, SessionState]:
         return next((table for table in self._tables if session_id in table), self._new)

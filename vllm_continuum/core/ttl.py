@@ -84,8 +84,21 @@ class TTLPolicy(ABC):
         else:
             decision = self.choose(turn)
         if decision.ttl_s > self.max_ttl_s:
-            return replace(decision, ttl_s=self.max_ttl_s, source=decision.source + "+cap")
+            return self._capped(decision)
         return decision
+
+    # The last decision capped, and its copy at the cap: a policy that returns
+    # one constant decision (forever's) copies it once, not at every pin.
+    _cap_of: tuple[TTLDecision, float, TTLDecision] | None = None
+
+    def _capped(self, decision: TTLDecision) -> TTLDecision:
+        """`decision` at `max_ttl_s`, its source marked."""
+        last = self._cap_of
+        if last is not None and last[0] is decision and last[1] == self.max_ttl_s:
+            return last[2]
+        capped = replace(decision, ttl_s=self.max_ttl_s, source=decision.source + "+cap")
+        self._cap_of = (decision, self.max_ttl_s, capped)
+        return capped
 
     @abstractmethod
     def choose(self, turn: TurnEnd) -> TTLDecision:
@@ -124,13 +137,16 @@ class NeverTTLPolicy(TTLPolicy):
         return TTLDecision(0.0, "never")
 
 
+_FOREVER = TTLDecision(math.inf, "forever")  # one object: its capped copy is made once
+
+
 class ForeverTTLPolicy(TTLPolicy):
     """Pin until the next turn, the last turn or pressure (bounded by max_ttl_s)."""
 
     name = "forever"
 
     def choose(self, turn: TurnEnd) -> TTLDecision:
-        return TTLDecision(math.inf, "forever")
+        return _FOREVER
 
 
 def optimal_ttl(sorted_durations: Sequence[float], benefit_s: float) -> float:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable
 
 
 class WaitingBound:
@@ -56,10 +57,13 @@ class WaitingBound:
     def went_ahead(self, enqueued_at: float, level: int, now: float) -> None:
         """A request enqueued at `enqueued_at` was admitted (or held at the
         head): every waiting request of its level that arrived earlier is passed."""
-        latest = self._latest.setdefault(level, [])
+        latest = self._latest.get(level)
+        if latest is None:  # (no list built per admission, as setdefault would)
+            latest = self._latest[level] = []
+            self._times[level] = []
         if not latest or enqueued_at > latest[-1]:
             latest.append(enqueued_at)
-            self._times.setdefault(level, []).append(now)
+            self._times[level].append(now)
 
     def held_by_pins(self, level: int, now: float) -> None:
         """Pins kept memory the head of the queue needed: everyone waiting now
@@ -79,6 +83,13 @@ class WaitingBound:
         since = self.extra_since(enqueued_at, level)
         return since is not None and now - since >= self.max_delay_s
 
+    def anyone_overdue(self, level: int, now: float) -> bool:
+        """False if no request of the level can be overdue now: the earliest
+        mark (marks are kept in time order) is not `max_delay_s` old. O(1);
+        `overdue` is False for every request whenever this is."""
+        times = self._times.get(level)
+        return bool(times) and now - times[0] >= self.max_delay_s
+
     def prune(self, oldest_waiting: float) -> None:
         """Drop marks no waiting request can be passed by (every waiting
         request arrived at or after `oldest_waiting`): keeps them few."""
@@ -86,3 +97,13 @@ class WaitingBound:
             i = bisect.bisect_right(latest, oldest_waiting)
             del latest[:i]
             del self._times[level][:i]
+
+
+def anyone_overdue(bounds: Iterable[WaitingBound], level: int, now: float) -> bool:
+    """`WaitingBound.anyone_overdue` of any of `bounds`, in one call (the
+    queue asks at every peek)."""
+    for bound in bounds:
+        times = bound._times.get(level)
+        if times and now - times[0] >= bound.max_delay_s:
+            return True
+    return False
