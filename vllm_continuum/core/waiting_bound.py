@@ -102,8 +102,4 @@ class WaitingBound:
 def anyone_overdue(bounds: Iterable[WaitingBound], level: int, now: float) -> bool:
     """`WaitingBound.anyone_overdue` of any of `bounds`, in one call (the
     queue asks at every peek)."""
-    for bound in bounds:
-        times = bound._times.get(level)
-        if times and now - times[0] >= bound.max_delay_s:
-            return True
-    return False
+    return any(bound.anyone_overdue(level, now) for bound in bounds)
