@@ -2,8 +2,9 @@
 
 vLLM's real `Scheduler` and our `ContinuumScheduler`, built side by side by the
 simulator's driver (driver.py) and stepped with a synthetic model output, see
-the same requests at the same step; their calls alternate, so that noise on
-shared cores hits both. Requests are built as vLLM builds them: `arrival_time`
+the same requests at the same step. Each runs in its own process (its own
+heap and garbage collector); their steps alternate, so that noise on shared
+cores hits both. Requests are built as vLLM builds them: `arrival_time`
 is the wall clock, our scheduler's clock is monotonic (its default).
 
 Each scenario sets up a state of size N (1x, then 10x), then runs a bounded
@@ -22,6 +23,7 @@ from __future__ import annotations
 import gc
 import itertools
 import math
+import multiprocessing
 import random
 import signal
 import tempfile
@@ -209,7 +211,8 @@ SCENARIOS = [
 ]
 
 
-def _sides(scn: Scenario, n: int, model_dir: str, budgets: dict, clock, metrics_dir: str) -> list[Side]:
+def _side(scn: Scenario, n: int, name: str, model_dir: str, budgets: dict, clock,
+          metrics_dir: str) -> Side:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from vllm_continuum.adapter.scheduler import ContinuumScheduler
@@ -219,13 +222,13 @@ def _sides(scn: Scenario, n: int, model_dir: str, budgets: dict, clock, metrics_
     from vllm_continuum.metrics.stats import ContinuumStats
 
     sizes = dict(block_size=16, max_model_len=4096, **scn.pool(n))
+    if name == "stock":
+        return Side(name, new_scheduler(Scheduler, model_dir, **sizes), block_hasher(16), budgets, clock)
     cfg = load_config(use_env=False, **SETTINGS, **scn.settings)
     # Scenario e exports its snapshots as a server does (CONTINUUM_METRICS_DIR); the rest do not.
     stats = ContinuumStats(writer=SnapshotWriter(metrics_dir) if scn.key == "e" else None)
     ours = new_scheduler(ContinuumScheduler, model_dir, continuum_config=cfg, continuum_stats=stats, **sizes)
-    stock = new_scheduler(Scheduler, model_dir, **sizes)
-    hasher = block_hasher(16)
-    return [Side("ours", ours, hasher, budgets, clock), Side("stock", stock, hasher, budgets, clock)]
+    return Side(name, ours, block_hasher(16), budgets, clock)
 
 
 def _run_batch(side: Side, batch: list[Spec], max_steps: int) -> None:
@@ -260,43 +263,101 @@ def _time_snapshots(side: Side, count: int) -> None:
 def run_scenario(scn: Scenario, n: int, model_dir: str, steps: int, budgets: dict,
                  clock: Callable[[], float] = time.perf_counter, bar=None) -> dict:
     """Both schedulers through the scenario at size n: its summary per scheduler.
-    budgets: seconds per scheduler for the setup and for the measured steps."""
+    budgets: seconds per scheduler for the setup and for the measured steps.
+
+    Each scheduler lives in its own (forked) process, so that each pays the
+    garbage collections its own allocations cause, as it would alone in an
+    engine core; with one shared heap a collection lands in whichever side's
+    step crosses the threshold. The processes take turns: one runs a step
+    while the other waits, who goes first alternating."""
+    ctx = multiprocessing.get_context("fork")
+    workers = []
+    try:
+        for name in ("ours", "stock"):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(theirs, scn, n, name, model_dir, budgets, clock),
+                               name=f"scale-bench-{name}", daemon=True)
+            proc.start()
+            workers.append((name, mine, proc))
+        for _, conn, _ in workers:  # one after the other: setup is not measured, but budgeted
+            _ask(conn, "setup")
+        for i in range(steps):
+            order = workers if i % 2 == 0 else workers[::-1]
+            if not [_ask(conn, "step", i) for _, conn, _ in order].count(True):
+                break  # no side has anything left to do
+            if bar is not None:
+                bar.update(1)
+        return {"n": n, **{name: _ask(conn, "end") for name, conn, _ in workers}}
+    finally:
+        for _, conn, proc in workers:
+            conn.close()
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _ask(conn, command: str, arg=None):
+    conn.send((command, arg))
+    ok, answer = conn.recv()
+    if not ok:
+        raise RuntimeError(f"scale-bench worker failed on {command!r}:\n{answer}")
+    return answer
+
+
+def _serve(conn, scn: Scenario, n: int, name: str, model_dir: str, budgets: dict, clock) -> None:
+    """One scheduler's process: builds its state, then runs what the parent asks, in order."""
+    import traceback
+
     with tempfile.TemporaryDirectory() as metrics_dir, _alarm_raises():
-        sides = _sides(scn, n, model_dir, budgets, clock, metrics_dir)
-        tokenizer = sides[0].scheduler.structured_output_manager.tokenizer
-        g = Gen(tokenizer.get_vocab()["<tool_call>"])
-        batches = [(b, 0 if scn.queued_setup else 100_000) for b in scn.setup(g, n)]
-        for batch, max_steps in [*batches, (scn.background(g, n), 1)]:
-            for side in sides:
-                if side.aborted is None:
-                    _run_batch(side, batch, max_steps)
-        # As vLLM's engine core does after start-up (freeze_gc_heap): collect, then freeze, so
-        # that no full collection of earlier scenarios' heap lands in a measured step.
-        gc.collect()
-        gc.freeze()
         try:
-            _measure(sides, scn, g, n, steps, bar)
-            if scn.key == "e" and sides[0].aborted is None:
-                _time_snapshots(sides[0], 5)
-        finally:
-            gc.unfreeze()
-        return {"n": n, **{s.name: {**_summary(s), "state": _state(s)} for s in sides}}
+            side = _side(scn, n, name, model_dir, budgets, clock, metrics_dir)
+            g = Gen(side.scheduler.structured_output_manager.tokenizer.get_vocab()["<tool_call>"])
+        except Exception:  # noqa: BLE001  (reported to the parent, which raises it)
+            conn.recv()
+            conn.send((False, traceback.format_exc()))
+            return
+        while True:
+            command, arg = conn.recv()
+            try:
+                answer = _COMMANDS[command](side, scn, g, n, arg)
+            except Exception:  # noqa: BLE001
+                conn.send((False, traceback.format_exc()))
+                return
+            conn.send((True, answer))
+            if command == "end":
+                return
 
 
-def _measure(sides: list[Side], scn: Scenario, g: Gen, n: int, steps: int, bar) -> None:
-    """The measured steps: the same arrivals for both, who goes first alternating."""
-    for i in range(steps):
-        specs = scn.traffic(g, n, i)
-        live = [s for s in (sides if i % 2 == 0 else sides[::-1]) if s.aborted is None]
-        if not live or not specs and not any(s.scheduler.has_requests() for s in live):
-            break
-        for side in live:
-            with side.timed("steps"):
-                for spec in specs:
-                    side.add(spec, record=True)
-                side.step(record=True)
-        if bar is not None:
-            bar.update(1)
+def _setup(side: Side, scn: Scenario, g: Gen, n: int, _arg) -> None:
+    batches = [(b, 0 if scn.queued_setup else 100_000) for b in scn.setup(g, n)]
+    for batch, max_steps in [*batches, (scn.background(g, n), 1)]:
+        if side.aborted is None:
+            _run_batch(side, batch, max_steps)
+    # As vLLM's engine core does after start-up (freeze_gc_heap): collect, then freeze, so
+    # that no full collection of the setup's heap lands in a measured step.
+    gc.collect()
+    gc.freeze()
+
+
+def _measured_step(side: Side, scn: Scenario, g: Gen, n: int, i: int) -> bool:
+    """Step i's arrivals, then the step: False if there was nothing to do (or the budget is spent)."""
+    specs = scn.traffic(g, n, i)
+    if side.aborted is not None or not specs and not side.scheduler.has_requests():
+        return False
+    with side.timed("steps"):
+        for spec in specs:
+            side.add(spec, record=True)
+        side.step(record=True)
+    return True
+
+
+def _end(side: Side, scn: Scenario, g: Gen, n: int, _arg) -> dict:
+    if scn.key == "e" and side.name == "ours" and side.aborted is None:
+        _time_snapshots(side, 5)
+    return {**_summary(side), "state": _state(side)}
+
+
+_COMMANDS = {"setup": _setup, "step": _measured_step, "end": _end}
 
 
 def _state(side: Side) -> dict:
