@@ -40,11 +40,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 def count_token(token_ids: Sequence[int], token_id: int | None) -> int:
-    """Occurrences of `token_id` (C speed on lists: ~0.1 ms per 100k tokens)."""
+    """Occurrences of `token_id`, at C speed (~0.1 ms per 100k tokens): a
+    sequence that is not a list (vLLM's read-only `ConstantList`, whose
+    inherited `count` loops in Python) is copied to one first."""
     if token_id is None:
         return 0
-    count = getattr(token_ids, "count", None)
-    return count(token_id) if count is not None else sum(1 for t in token_ids if t == token_id)
+    return (token_ids if isinstance(token_ids, list) else list(token_ids)).count(token_id)
 
 
 def is_affinity_miss(new_results: int, seen: SeenTurn | None) -> bool:

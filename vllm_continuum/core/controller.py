@@ -64,7 +64,7 @@ class PinEvents(PinMakerEvents, ReleaseEvents, Protocol):
     def on_ttl_revisit(self, tool: str, more_s: float) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingPin:
     """A finished tool-call turn whose blocks have not been freed yet."""
 
@@ -279,7 +279,8 @@ class PinController:
                 if not had_pin:  # T: what turns that lost their cache waited
                     self.workload.queueing.add(self.now() - arrived)
                 self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens)
-        self._hand_over(request, turn)  # if its allocation did not already
+        if turn is None or not turn.handed_over:  # (its allocation mostly did)
+            self._hand_over(request, turn)
 
     # ---------------------------------------------------------- finish side
     def on_finished(
@@ -364,6 +365,8 @@ class PinController:
             for pending in self._pending_of.get(turn.session, {}).values():  # blocks a connector holds
                 pending.superseded = True
         self._hand_over(request, turn)
+        if turn is not None:
+            turn.handed_over = True
 
     def _hand_over(self, request: TurnRequest, turn: Turn | None) -> None:
         """`turn`: the request's, if it has one (its session is read from it)."""

@@ -41,7 +41,8 @@ def session_quota_cut(pins: PinTable, session: str, block_ids: Sequence[int | No
     pool's blocks, if known: a quota of them all is never passed (a session's
     distinct blocks are the pool's), so nothing is counted (the default, 1.0)."""
     kept = len(block_ids)
-    if pool_size is not None and quota >= pool_size:
+    if (pool_size is not None and quota >= pool_size
+            or pins.session_count_with(session, ()) + kept <= quota):  # fits, however many it shares
         return pins.pins_subsumed_by(session, hashes[: kept * hashes_per_block]), kept
     while True:  # fewer kept blocks replace fewer pins: a few rounds at most
         replaced = pins.pins_subsumed_by(session, hashes[: kept * hashes_per_block])
@@ -59,6 +60,8 @@ def cap_victims(pins: PinTable, ids: tuple[int, ...], replaced: list[Pin], arriv
     """The pins of later programs to release so that a new pin of `ids`, of a program
     that arrived at `arrival`, fits under `cap` blocks (`replaced` gone); None if it
     cannot fit: then nothing is released."""
+    if pins.num_pinned_blocks + len(ids) <= cap:  # fits, however many it shares: O(1)
+        return []
     total = pins.count_with(ids, without=replaced)
     if total <= cap:
         return []

@@ -83,7 +83,8 @@ class PinMaker:
             quota=int(self.config.max_session_pinned_fraction * pool_size),
             hashes_per_block=self.hashes_per_block, one_kv_group=self.one_kv_group,
             pool_size=pool_size)
-        kept_ids = tuple(i for i in ids[:kept] if i is not None)
+        kept_ids = (ids if kept == len(ids) and None not in ids
+                    else tuple(i for i in ids[:kept] if i is not None))
         kept_hashes = hashes[: kept * self.hashes_per_block]
         anchor = Anchor.of_prompt(kept_hashes, request.num_prompt_tokens // self.hash_block_size)
         ttl_s = 0.0

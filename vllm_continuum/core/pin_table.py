@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 
 _NO_REFS: Counter = Counter()  # a session without pins (read only)
@@ -39,11 +40,11 @@ class ReleaseReason(str, Enum):
     REPLACED = "replaced"  # a newer pin of the same context holds all its blocks
 
 
-@dataclass(frozen=True)
-class Anchor:
+class Anchor(NamedTuple):
     """The prefix a turn must continue to be its context's next turn: its
     first `num_blocks` block hashes. Hashes chain from the first block, so
-    equality of the last one implies equality of all before it: O(1)."""
+    equality of the last one implies equality of all before it: O(1). (A
+    named tuple: one is built at every turn's end, cheaply.)"""
 
     num_blocks: int
     last_hash: Hashable
@@ -66,7 +67,7 @@ class Anchor:
         return cls.of(hashes, prompt_blocks - 1 if prompt_blocks > 1 else prompt_blocks)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Pin:
     session_id: str
     request_id: str
@@ -206,11 +207,12 @@ class PinTable:
         assert pin.request_id not in self._pins, "one pin per finished request"
         pin.seq = next(self._seq)
         self._pins[pin.request_id] = pin
-        self._by_session.setdefault(pin.session_id, {})[pin.request_id] = pin
+        session = pin.session_id
+        _inner(self._by_session, session)[pin.request_id] = pin
         if pin.anchor is not None:
-            self._anchors.setdefault(pin.session_id, {}).setdefault(pin.anchor.last_hash, []).append(pin)
+            _add_to_list(_inner(self._anchors, session), pin.anchor.last_hash, pin)
         if pin.hashes:
-            self._tails.setdefault(pin.session_id, {}).setdefault(pin.hashes[-1], []).append(pin)
+            _add_to_list(_inner(self._tails, session), pin.hashes[-1], pin)
         blocks = pin.block_id_set
         _increment(self._refs, blocks)
         session_refs = self._session_refs.get(pin.session_id)
@@ -349,6 +351,23 @@ def _count_with(refs: Counter, add: Iterable[int], without: Sequence[Pin]) -> in
     gone = {b for b, n in going.items() if n >= refs.get(b, 0)}
     new = {b for b in add if b not in refs or b in gone}
     return len(refs) - len(gone) + len(new)
+
+
+def _inner(index: dict, key) -> dict:
+    """`index[key]`, a new dict if missing (no dict built per call, as
+    `setdefault(key, {})` would: a pin is made at every tool call)."""
+    inner = index.get(key)
+    if inner is None:
+        inner = index[key] = {}
+    return inner
+
+
+def _add_to_list(index: dict, key, member) -> None:
+    members = index.get(key)
+    if members is None:
+        index[key] = [member]
+    else:
+        members.append(member)
 
 
 def _discard(index: dict, key, member) -> None:

@@ -25,7 +25,7 @@ class TurnRequest(Protocol):
     status: object  # compared with the statuses the controller is given
 
 
-@dataclass
+@dataclass(slots=True)
 class Turn:
     """What the controller keeps about a request until it finishes."""
 
@@ -40,3 +40,4 @@ class Turn:
     first_turn: bool = False  # no turn of its session had ended before it
     resuming: tuple[bool, float] | None = None  # (found a pin, arrival) until admitted
     aging_from: float | None = None  # its aging restarted then (queue_rules.py); None: `arrival`
+    handed_over: bool = False  # its allocation handed its context's pin over (if any)
