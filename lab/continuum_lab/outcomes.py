@@ -33,26 +33,27 @@ def _over(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
 
 
-def program_ratios(run: RunResult, base: RunResult) -> list[float]:
-    """Per program of both runs: its JCT under `run` over its JCT under `base`."""
-    base_jct = {p.program: p.jct_s for p in base.programs}
-    return [p.jct_s / base_jct[p.program] for p in run.programs
-            if base_jct.get(p.program, 0) > 0]
-
-
-def outcome(run: RunResult, base: RunResult) -> dict:
-    """How `run` went for everyone against `base` (the same trace)."""
-    ratios = program_ratios(run, base)
-    mine = {"ttft": [t.ttft_s for t in run.one_shot], "latency": [t.latency_s for t in run.one_shot]}
-    theirs = {"ttft": [t.ttft_s for t in base.one_shot],
-              "latency": [t.latency_s for t in base.one_shot]}
-    out = {
-        "label": run.label,
+def program_outcome(jct_s: dict[str, float], base_jct_s: dict[str, float]) -> dict:
+    """The program-by-program figures from each program's JCT in both runs."""
+    ratios = [jct / base_jct_s[p] for p, jct in jct_s.items() if base_jct_s.get(p, 0) > 0]
+    return {
         "programs_compared": len(ratios),
         "programs_slower_10pct": (sum(r > SLOWER for r in ratios) / len(ratios)
                                   if ratios else float("nan")),
         "worst_program_ratio": max(ratios, default=float("nan")),
         "median_program_ratio": percentile(ratios, 50),
+    }
+
+
+def outcome(run: RunResult, base: RunResult) -> dict:
+    """How `run` went for everyone against `base` (the same trace)."""
+    mine = {"ttft": [t.ttft_s for t in run.one_shot], "latency": [t.latency_s for t in run.one_shot]}
+    theirs = {"ttft": [t.ttft_s for t in base.one_shot],
+              "latency": [t.latency_s for t in base.one_shot]}
+    out = {
+        "label": run.label,
+        **program_outcome({p.program: p.jct_s for p in run.programs},
+                          {p.program: p.jct_s for p in base.programs}),
         "makespan_ratio": _over(makespan_s(base), makespan_s(run)),
     }
     for what in ("ttft", "latency"):

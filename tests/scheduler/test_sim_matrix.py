@@ -75,6 +75,20 @@ def test_runs_merge_into_one_matrix_only_when_they_agree():
         merge_rows([earlier, [row("stock", 10.5)]])
 
 
+def test_a_policy_run_apart_from_stock_is_judged_program_by_program():
+    """Rows of separate runs carry per-program JCTs: the merged matrix
+    computes the outcome against stock that one run would have."""
+    row = lambda label, jcts: {"cell": "c", "seed": 0, "label": label, "jct_mean_s": sum(jcts.values()),
+                               "preemptions": 0, "program_jct_s": jcts}
+    stock, later = row("stock", {"p0": 10.0, "p1": 20.0}), row("new", {"p0": 12.0, "p1": 10.0})
+    merged = {r["label"]: r for r in merge_rows([[stock], [later]])}
+    assert merged["new"]["worst_program_ratio"] == pytest.approx(1.2)
+    assert merged["new"]["programs_slower_10pct"] == 0.5
+    assert cell_summary(list(merged.values()))["new"]["worst_program"] == pytest.approx(1.2)
+    old = {k: v for k, v in later.items() if k != "program_jct_s"}  # a row from before: left as it was
+    assert merge_rows([[stock], [old]])[1] == old
+
+
 def test_targets_by_hand():
     summary = {"gain": 1.2, "worst": 0.97, "vs_best": 1.04, "one_shot_p99_vs_stock": 1.2,
                "preemptions": 3}

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from continuum_lab.configs import CONFIG_DIR
-from continuum_lab.outcomes import outcome
+from continuum_lab.outcomes import outcome, program_outcome
 from continuum_lab.publish import publish_report
 from continuum_lab.report import save_figure, summarize
 from continuum_lab.sim.cost_model import load_cost_model
@@ -240,7 +240,9 @@ def _cell_seed(cell: CellSpec, load: str, rate: float, seed: int, policies: Sequ
     stock = next((r for r in runs if r.label == "stock"), None)
     return [{**summarize(run), **(outcome(run, stock) if stock is not None else {}),
              "label": run.label, "seed": seed, "cell": name,
-             "preemptions": run.meta["preemptions"], "pool_usage_mean": run.meta["pool_usage_mean"]}
+             "preemptions": run.meta["preemptions"], "pool_usage_mean": run.meta["pool_usage_mean"],
+             # per program: a policy run apart from stock is judged against it later
+             "program_jct_s": {p.program: p.jct_s for p in run.programs}}
             for run in runs]
 
 
@@ -309,7 +311,21 @@ def merge_rows(runs: Sequence[list[dict]]) -> list[dict]:
             if kept["jct_mean_s"] != row["jct_mean_s"]:
                 raise SystemExit(f"{key}: mean JCT {kept['jct_mean_s']} in one run, {row['jct_mean_s']} "
                                  "in another: these runs are not of the same code; run them again")
-    return list(merged.values())
+    return judged_program_by_program(list(merged.values()))
+
+
+def judged_program_by_program(rows: list[dict]) -> list[dict]:
+    """Rows of policies that ran apart from stock (another process, a later
+    run) get their program-by-program outcome (outcomes.py) from both rows'
+    per-program JCTs; rows written before those were kept stay without it."""
+    stock = {(r["cell"], r["seed"]): r.get("program_jct_s") for r in rows if r["label"] == "stock"}
+    out = []
+    for row in rows:
+        base = stock.get((row["cell"], row["seed"]))
+        if "worst_program_ratio" not in row and base and row.get("program_jct_s"):
+            row = {**row, **program_outcome(row["program_jct_s"], base)}
+        out.append(row)
+    return out
 
 
 def render_matrix(
