@@ -28,6 +28,7 @@ from vllm_continuum.metrics.snapshot import (
     MAX_TOOL_LABELS,
     OTHER_TOOL,
     PUBLISH_INTERVAL_S,
+    PUBLISH_TIME_SHARE,
     Histogram,
     SnapshotWriter,
     ToolLabels,
@@ -169,6 +170,34 @@ def test_publish_is_rate_limited_while_busy_and_immediate_when_idle(metrics_dir,
     e.release(next(iter(e.pins)), ReleaseReason.RESUMED)
     e.publish(idle=True)  # going idle: at once, nothing lost
     assert written()["pins"] == [] and written()["releases_by_reason"] == {"resumed": 1}
+
+
+def test_a_costly_snapshot_is_written_less_often_while_busy(metrics_dir, clock):
+    """A snapshot is O(pins): while busy, writes take at most PUBLISH_TIME_SHARE
+    of the engine's time, however many pins there are; going idle still writes."""
+    e = Engine(clock)
+    writes = []
+    write = e.stats.writer.write
+
+    def slow_write(snapshot):  # 20 ms a snapshot: a slow disk, or thousands of pins
+        time.sleep(0.02)
+        writes.append(snapshot)
+        write(snapshot)
+
+    e.stats.writer.write = slow_write
+    e.publish(idle=False)  # waking up: at once
+    interval = 0.02 / PUBLISH_TIME_SHARE
+    assert interval > 2 * PUBLISH_INTERVAL_S
+    e.pin("A", ttl=5)
+    clock.advance(PUBLISH_INTERVAL_S)
+    e.publish(idle=False)  # past the plain interval, not past the write's share
+    assert len(writes) == 1
+    clock.advance(60)  # (past the share of any write that took under 0.6 s)
+    e.publish(idle=False)
+    assert len(writes) == 2 and len(writes[-1]["pins"]) == 1
+    e.pin("B", ttl=5)
+    e.publish(idle=True)  # going idle: at once
+    assert len(writes) == 3 and writes[-1]["idle"] is True
 
 
 def test_publish_without_changes_does_not_write(metrics_dir, clock):

@@ -45,8 +45,11 @@ BUCKETS: tuple[float, ...] = (
 # reason (see `ContinuumStats.on_release`), so counters never go back.
 EXPIRY_GRACE_S = 1.0
 
-# The engine writes at most this often while it works (idle: at once).
+# The engine writes at most this often while it works (idle: at once), and
+# no more than this share of its time: a snapshot is O(pins) (~10 ms at 4,000
+# pins), so with many pins the interval grows to write cost / share.
 PUBLISH_INTERVAL_S = 0.25
+PUBLISH_TIME_SHARE = 0.01
 
 # Tool names come from model output and client hints: bound the label set.
 MAX_TOOL_LABELS = 64

@@ -7,8 +7,10 @@ benchmarks read the counters directly.
 
 Export: when `CONTINUUM_METRICS_DIR` names a directory (the plugin sets it
 in the API-server process; engine cores inherit it), `publish` writes this
-process's snapshot there (`vllm_continuum.metrics.snapshot`), at most every
-`PUBLISH_INTERVAL_S` while the engine works and at once when it goes idle,
+process's snapshot there (`vllm_continuum.metrics.snapshot`), while the
+engine works at most every `PUBLISH_INTERVAL_S` and in at most
+`PUBLISH_TIME_SHARE` of its time (a snapshot costs O(pins)), and at once
+when it goes idle,
 since an idle engine stops stepping and would otherwise leave the last
 changes unwritten. Nothing is written, and nothing costs more than a
 comparison, on a step where nothing changed.
@@ -19,11 +21,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from time import perf_counter
 
 from vllm_continuum.metrics.snapshot import (
     EXPIRY_GRACE_S,
     FORMAT,
     PUBLISH_INTERVAL_S,
+    PUBLISH_TIME_SHARE,
     Histogram,
     SnapshotWriter,
     ToolLabels,
@@ -73,6 +77,7 @@ class ContinuumStats:
         self._written_changes = -1
         self._written_idle: bool | None = None
         self._written_at = float("-inf")
+        self._interval = PUBLISH_INTERVAL_S  # grows with what a snapshot costs
         self._published_idle = True  # the engine starts idle
         if self.writer is not None:
             # The metrics exist (at zero) from start-up, before any request.
@@ -162,11 +167,11 @@ class ContinuumStats:
         if self._changes == self._written_changes and idle == self._written_idle:
             return
         # Going idle or waking up is written at once; changes while busy, at
-        # most every PUBLISH_INTERVAL_S (an idle publish catches the rest).
+        # most every interval (an idle publish catches the rest).
         if (
             not idle
             and idle == self._written_idle
-            and monotonic() - self._written_at < PUBLISH_INTERVAL_S
+            and monotonic() - self._written_at < self._interval
         ):
             return
         self._write(pins, pool_size, now, idle, kept_past_ttl)
@@ -201,7 +206,9 @@ class ContinuumStats:
     def _write(self, pins, pool_size: int, now: float, idle: bool, kept_past_ttl) -> None:
         assert self.writer is not None
         changes = self._changes
+        started = perf_counter()
         self.writer.write(self.snapshot(pins, pool_size, now, idle, kept_past_ttl))
+        self._interval = max(PUBLISH_INTERVAL_S, (perf_counter() - started) / PUBLISH_TIME_SHARE)
         # Even a failed write is not retried every step (a gone directory
         # stays gone); the next change tries again.
         self._written_changes = changes
