@@ -190,6 +190,14 @@ def run_compare(
     extra_args = ["--max-model-len", str(max_model_len)]
     schedule = [(r, name) for r in range(repeats)
                 for name in (flavours if r % 2 == 0 else list(reversed(flavours)))]
+    if not profile_path.exists() and FLAVOURS[schedule[0][1]].server == "continuum":
+        # A continuum server reads the profile at start-up: measure it on stock first.
+        server = flavour_server("stock", model, out_dir / "logs", num_blocks=num_blocks,
+                                extra_args=extra_args, env=server_env)
+        server.ready_timeout_s = START_TIMEOUT_S
+        print("[compare] measuring the prefill profile on stock", flush=True)
+        with server:
+            setup["prefill_profile"] = _profile_prefill(server.base_url, profile_path, profile_lengths)
     for round_no, name in schedule:
         flavour = FLAVOURS[name]
         settings = {}
