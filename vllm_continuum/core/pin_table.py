@@ -215,10 +215,7 @@ class PinTable:
             _add_to_list(_inner(self._tails, session), pin.hashes[-1], pin)
         blocks = pin.block_id_set
         _increment(self._refs, blocks)
-        session_refs = self._session_refs.get(pin.session_id)
-        if session_refs is None:  # (no Counter built for a session that has one)
-            session_refs = self._session_refs[pin.session_id] = Counter()
-        _increment(session_refs, blocks)
+        _increment(_inner(self._session_refs, session, Counter), blocks)
         heapq.heappush(self._deadlines, (pin.expires_at, pin.seq, pin.request_id))
         heapq.heappush(self._release, (-pin.program_arrival, -pin.seq, pin.seq, pin.request_id))
         heapq.heappush(self._oldest, (pin.program_arrival, pin.seq, pin.seq, pin.request_id))
@@ -353,12 +350,12 @@ def _count_with(refs: Counter, add: Iterable[int], without: Sequence[Pin]) -> in
     return len(refs) - len(gone) + len(new)
 
 
-def _inner(index: dict, key) -> dict:
-    """`index[key]`, a new dict if missing (no dict built per call, as
+def _inner(index: dict, key, new=dict):
+    """`index[key]`, a `new()` one if missing (none built per call, as
     `setdefault(key, {})` would: a pin is made at every tool call)."""
     inner = index.get(key)
     if inner is None:
-        inner = index[key] = {}
+        inner = index[key] = new()
     return inner
 
 
