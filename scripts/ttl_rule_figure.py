@@ -49,8 +49,8 @@ def main() -> None:
         parts = policy.parts(tool)
         p = []
         for a in elapsed:
-            alive = sum(w * sum(1 for x in s if x > a) / len(s) for w, s in parts if s)
-            back = sum(w * sum(1 for x in s if a < x <= 30) / len(s) for w, s in parts if s)
+            alive = sum(w * (sum(1 for x in s if x > a) + k) / (len(s) + k) for w, s, k in parts if s or k)
+            back = sum(w * sum(1 for x in s if a < x <= 30) / (len(s) + k) for w, s, k in parts if s or k)
             p.append(back / alive if alive > 0 else 0.0)
         top.plot(elapsed, p, color=colour, label=tool)
     top.set_ylabel("P(returns by 30 s |\nstill running at t)")

@@ -5,6 +5,7 @@ the pin releaser."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -22,6 +23,7 @@ FLAT = PrefillProfile(c0=2.0, c1=0.0, c2=0.0)
 def policy(durations: dict[str, list[float]], *, max_ttl_s: float = 30.0, revisit_s: float = 1e9,
            queueing_s: float = 0.0, prior_samples: float = 3.0, **kw) -> HazardTTLPolicy:
     workload = WorkloadModel(history_limit=1000, queueing_window=16, program_window=16)
+    workload.track_running_calls(max_ttl_s + 0.5, forget_after_s=600.0)
     for tool, ds in durations.items():
         for d in ds:
             workload.durations.add(tool, d)
@@ -35,8 +37,9 @@ def turn(tool: str, hint: float | None = None) -> TurnEnd:
 
 
 def value(parts, elapsed, h, benefit, cost):
-    """P(D <= h | D > a) * B - c * E[min(D, h) - a | D > a], by enumeration."""
-    pts = [(x, w / len(s)) for w, s in parts for x in s if x > elapsed]
+    """P(D <= h | D > a) * B - c * E[min(D, h) - a | D > a], by enumeration,
+    a sample known to outlast the limit enumerated as infinite."""
+    pts = [(x, w / (len(s) + k)) for w, s, k in parts for x in [*s, *[math.inf] * k] if x > elapsed]
     surv = sum(w for _, w in pts)
     p = sum(w for x, w in pts if x <= h) / surv
     hold = sum(w * (min(x, h) - elapsed) for x, w in pts) / surv
@@ -62,7 +65,7 @@ def value(parts, elapsed, h, benefit, cost):
     ],
 )
 def test_best_horizon_by_hand(samples, elapsed, limit, benefit, cost, expected):
-    assert best_horizon(((1.0, sorted(samples)),), elapsed, limit, benefit, cost) == expected
+    assert best_horizon(((1.0, sorted(samples), 0),), elapsed, limit, benefit, cost) == expected
 
 
 def test_best_horizon_matches_brute_force():
@@ -71,15 +74,15 @@ def test_best_horizon_matches_brute_force():
         a = sorted(round(rng.expovariate(0.2), 1) for _ in range(rng.randint(1, 15)))
         b = sorted(round(rng.expovariate(1.0), 1) for _ in range(rng.randint(1, 15)))
         w = rng.random()
-        parts = ((w, a), (1 - w, b))
+        parts = ((w, a, rng.choice([0, 0, 1, 3])), (1 - w, b, rng.choice([0, 2])))
         elapsed = rng.choice([0.0, 0.5, 2.0, 5.0])
         limit = rng.choice([3.0, 10.0, 30.0])
         benefit, cost = rng.uniform(0, 10), rng.choice([0.0, 0.3, 1.0])
         got = best_horizon(parts, elapsed, limit, benefit, cost)
-        if not any(x > elapsed for _, s in parts for x in s):
+        if not any(x > elapsed for _, s, _ in parts for x in s) and not any(k for *_, k in parts):
             assert got == max(limit, elapsed)  # past every recorded call: nothing known, held
             continue
-        candidates = [x for _, s in parts for x in s if elapsed < x <= limit]
+        candidates = [x for _, s, _ in parts for x in s if elapsed < x <= limit]
         values = [value(parts, elapsed, h, benefit, cost) for h in candidates]
         best = max([0.0, *values])
         if best <= 1e-12:
@@ -154,6 +157,43 @@ def test_a_call_that_returns_just_after_the_cap_is_held_to_the_cap():
     assert policy(durations).revisit("test", 27.0, 1000) == pytest.approx(3.0)
     assert policy(durations, late_return_s=0.0).revisit("test", 27.0, 1000) == 0.0
     assert policy({"test": [10.0, 31.0] * 10}).revisit("test", 27.0, 1000) == 0.0
+
+
+def test_a_cold_tool_that_outlasts_every_recorded_call_is_let_go():
+    """No `ci` call has returned yet and the only durations recorded are
+    fast: the pin is held for the pooled fast share, and once the call has
+    outlasted every call ever recorded it goes (a tool with calls of its
+    own would be held there: `test_revisits_come_at_most_every_revisit_s`)."""
+    p = policy({"view": [0.1, 0.2, 0.3] * 10}, revisit_s=5.0)
+    first = p.decide(turn("ci")).ttl_s
+    assert 0 < first <= 0.3
+    assert p.revisit("ci", first, 1000) == 0.0
+
+
+def test_calls_still_out_past_the_cap_count_before_any_returns():
+    """Beside fast calls, three 10 s calls were recorded, so a cold `ci`
+    call at 5 s is held (the pooled calls that ran that long returned in
+    time). Ten `ci` calls still out past the cap are samples beyond it: the
+    same pin is let go."""
+    p = policy({"view": [0.1, 0.2, 0.3] * 10, "browse": [10.0] * 3}, revisit_s=5.0)
+    assert p.revisit("ci", 5.0, 1000) == 5.0
+    for i in range(10):
+        p.workload.tool_called(f"s{i}", "ci", now=float(i))
+    p.workload.running.advance(40.0)
+    assert p.workload.running.overdue("ci") == 10
+    assert p.revisit("ci", 5.0, 1000) == 0.0
+    # The fast tool keeps its pins: its own calls all return in time.
+    assert p.decide(turn("view")).ttl_s >= 0.3
+
+
+def test_a_late_call_that_returns_becomes_its_real_duration():
+    p = policy({"view": [0.1] * 10})
+    p.workload.tool_called("s", "ci", now=0.0)
+    p.workload.running.advance(31.0)
+    assert p.parts("ci")[0][2] == 1
+    p.workload.tool_returned("s", "ci", 95.0, now=95.0)
+    own = p.parts("ci")[0]
+    assert (list(own[1]), own[2]) == ([95.0], 0)
 
 
 def test_hints_win_and_the_cap_holds():
@@ -235,6 +275,37 @@ def test_the_controller_holds_a_returning_tool_through_its_revisits_to_the_cap()
     assert c.pins.get("B") is None
     assert stats.releases_by_reason["expired"] == 1
     assert stats.ttl_revisits[("browse", "held")] == 5
+
+
+def test_the_controller_counts_a_call_out_past_the_cap_until_it_returns():
+    """A's `ci` call is counted once it has run past the cap (as of a pin's
+    revisit), and replaced by its real duration when A's next turn arrives."""
+    from tests.unit.test_controller import Req, run
+
+    c, ledger, now, stats = hazard_controller({"browse": [5.0, 8.0, 12.0, 25.0] * 5})
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="ci")
+    step(c, now, 20.0)
+    assert run(c, ledger, Req("b1", "B", [4, 5, 6]), tool="browse")
+    assert c.workload.running.overdue("ci") == 0
+    step(c, now, 31.0)  # A's pin expires at the cap; B's revisit reads the clock
+    assert c.pins.get("A") is None and c.pins.get("B") is not None
+    assert c.workload.running.overdue("ci") == 1
+    now[0] = 95.0
+    c.on_arrival(Req("a2", "A", [1, 2, 3, 4]), None)  # the call returned after 95 s
+    assert c.workload.running.overdue("ci") == 0
+    assert list(c.workload.durations.of("ci").sorted) == [95.0]
+
+
+def test_the_controller_lets_a_cold_slow_call_go_at_its_first_revisit():
+    from tests.unit.test_controller import Req, run
+
+    c, ledger, now, stats = hazard_controller({"view": [0.1, 0.2, 0.3] * 10})
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="ci")
+    pin = c.pins.get("A")
+    assert pin.expires_at <= 0.3
+    step(c, now, pin.expires_at)
+    assert c.pins.get("A") is None
+    assert stats.ttl_revisits[("ci", "released")] == 1
 
 
 def test_a_hazard_pin_whose_next_turn_is_queued_is_held_to_the_cap():

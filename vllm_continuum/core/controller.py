@@ -41,6 +41,7 @@ from vllm_continuum.core.pin_value import PoolState
 from vllm_continuum.core.pressure import PressureRule
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.queue_rules import QueueRules
+from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.sessions import SessionRegistry, session_key
 from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, make_ttl_policy
 from vllm_continuum.core.turn import Turn, TurnRequest
@@ -117,6 +118,9 @@ class PinController:
             config.duration_history, config.queueing_window, config.program_window
         )
         policy = ttl_policy(config, self.workload)
+        if policy.reads_running_calls:
+            self.workload.track_running_calls(config.max_ttl_s + LATE_RETURN_S,
+                                              forget_after_s=config.program_idle_horizon_s)
         # Without prefix caching a pin could never be hit; a policy that never pins
         # takes no block at all (`never` with `queue_order: fcfs` is stock vLLM
         # exactly, the order blocks are freed in included).
@@ -191,6 +195,7 @@ class PinController:
         as every pin is, up to `max_ttl_s`."""
         if pin.waiters:
             return max(0.0, pin.created_at + self._policy.max_ttl_s - now)
+        self.workload.running.advance(now)
         more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens)
         self.stats.on_ttl_revisit(pin.tool, more)
         return more
@@ -255,7 +260,7 @@ class PinController:
             turn.first_turn = False  # the program lives on in its pins: a stranger
         if measured is not None:
             tool, seconds = measured
-            self.workload.durations.add(tool, seconds)
+            self.workload.tool_returned(session, tool, seconds, now)
             self.stats.on_tool_duration(tool, seconds)
         if turn.continues:
             turn.program_arrival = self.sessions.program_arrival(session, arrival)
@@ -316,6 +321,8 @@ class PinController:
             if of_program:
                 anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self.hash_block_size)
                 self.sessions.observe_turn_end(session, self.now(), tool, anchor)
+                if tool is not None:
+                    self.workload.tool_called(session, tool, self.now())
         if hints.last_turn:
             # Only the pins whose context it continues: a request that merely
             # carries the id (guessed, or the table forgot the session) must

@@ -29,15 +29,23 @@ The decision is revisited: the pin's TTL is the chosen horizon, at most
 `revisit_s` ahead, and when it passes the pin releaser asks again
 (`revisit`) with the elapsed time conditioned on. A call that has already
 run long is likely a slow one: once the calls that took that long mostly
-outlasted the cap, the pin goes. A call that has outlasted every recorded
-one is held (nothing is known about it), and a pin whose next turn is
-already queued is held to the cap (`PinController._revisit`): its call has
-returned.
+outlasted the cap, the pin goes. A pin whose next turn is already queued
+is held to the cap (`PinController._revisit`): its call has returned.
 
-D's distribution is the tool's own recorded durations mixed with all tools'
-by `prior_samples` pseudo-samples (weights n / (n + k0)), so a tool's own
-calls count from the first few. With no duration recorded at all the rule
-holds (as `forever`) and looks again after `revisit_s`.
+D's distribution is the tool's own calls mixed with all tools' by
+`prior_samples` pseudo-samples (weights n / (n + k0)), so a tool's own
+calls count from the first few. Its own calls are those that returned and
+those still out past the cap (running_calls.py), durations known to
+outlast it: a slow tool's first calls return minutes later, while its
+pins are decided now.
+
+A call that has outlasted every recorded one (of any tool) is held if its
+tool has calls of its own (nothing is known about this one), and let go if
+not: a tool never seen to return, whose call has run longer than any call
+ever did, is most likely a slow one. (Holding those as `forever` does, at
+a cold start, made a new program wait behind the first CI runs' pins.)
+With no duration recorded at all the rule holds (as `forever`) and looks
+again after `revisit_s`.
 """
 
 from __future__ import annotations
@@ -47,36 +55,41 @@ from collections.abc import Sequence
 
 from vllm_continuum.core.durations import ToolDurations
 from vllm_continuum.core.prefill_profile import PrefillProfile
+from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd
 from vllm_continuum.core.workload import WorkloadModel
 
 
 def best_horizon(
-    parts: Sequence[tuple[float, Sequence[float]]],
+    parts: Sequence[tuple[float, Sequence[float], int]],
     elapsed: float,
     limit: float,
     benefit_s: float,
     cost: float,
+    hold_unknown: bool = True,
 ) -> float:
     """The horizon h in (elapsed, limit] that maximises
     P(D <= h | D > elapsed) * benefit - cost * E[min(D, h) - elapsed | D > elapsed],
-    D a mixture of empirical distributions (weight, sorted samples), or
-    `elapsed` (release now) if none has a positive value. Ties go to the
-    shorter horizon; `limit` if the call has outlasted every sample (no
-    information: hold). One pass over the samples beyond `elapsed`."""
+    D a mixture of empirical distributions (weight, sorted samples, number
+    of further samples known to exceed `limit`), or `elapsed` (release now)
+    if none has a positive value. Ties go to the shorter horizon. If the
+    call has outlasted every sample (no information): `limit` (hold) if
+    `hold_unknown`, else `elapsed`. One pass over the samples beyond
+    `elapsed`."""
     if not benefit_s > 0 or limit <= elapsed:
         return elapsed
     # The conditional distribution beyond `elapsed`: each sample with its weight.
     tail: list[tuple[float, float]] = []
-    for weight, samples in parts:
-        if weight <= 0 or not samples:
+    survivors = 0.0  # P(D > elapsed), up to the mixture's normalisation
+    for weight, samples, beyond in parts:
+        if weight <= 0 or not (samples or beyond):
             continue
         start = bisect.bisect_right(samples, elapsed)
-        w = weight / len(samples)
+        w = weight / (len(samples) + beyond)
         tail.extend((x, w) for x in samples[start:])
-    survivors = sum(w for _, w in tail)
-    if survivors <= 0:
-        return limit  # the call outlasted every recorded one: nothing is known, hold as forever
+        survivors += w * (len(samples) - start + beyond)
+    if survivors <= 0:  # the call outlasted every recorded one: nothing is known
+        return limit if hold_unknown else elapsed
     tail.sort()
     best_h, best_value = elapsed, 0.0
     returned = 0.0  # P(elapsed < D <= h) * survivors
@@ -102,6 +115,7 @@ class HazardTTLPolicy(TTLPolicy):
     """The retention rule of the module's docstring (`ttl_policy: hazard`)."""
 
     name = "hazard"
+    reads_running_calls = True
 
     def __init__(
         self,
@@ -112,7 +126,7 @@ class HazardTTLPolicy(TTLPolicy):
         prior_samples: float = 3.0,
         revisit_s: float = 5.0,
         idle_cost: float = 0.02,
-        late_return_s: float = 0.5,
+        late_return_s: float = LATE_RETURN_S,
     ) -> None:
         super().__init__(max_ttl_s)
         self.workload = workload
@@ -128,18 +142,19 @@ class HazardTTLPolicy(TTLPolicy):
     def benefit_s(self, num_context_tokens: int) -> float:
         return self.profile.seconds(num_context_tokens) + self.workload.mean_queueing_delay_s
 
-    def parts(self, tool: str) -> tuple[tuple[float, Sequence[float]], ...]:
-        """The tool's duration mixture: its own samples, weight n / (n + k0),
-        and all tools' for the rest."""
+    def parts(self, tool: str) -> tuple[tuple[float, Sequence[float], int], ...]:
+        """The tool's duration mixture: its own samples (returned calls, and
+        calls still out past the cap), weight n / (n + k0), and all tools'
+        for the rest."""
         durations: ToolDurations = self.workload.durations
-        pooled = durations.all_tools.sorted
+        running = self.workload.running
         history = durations.of(tool)
         own = history.sorted if history is not None else []
-        k0 = self.prior_samples
-        w_own = len(own) / (len(own) + k0) if own else 0.0
-        if not pooled:
-            return ((w_own, own),) if own else ()
-        return ((w_own, own), (1.0 - w_own, pooled))
+        own_late = running.overdue(tool)
+        n = len(own) + own_late
+        w_own = n / (n + self.prior_samples)
+        pooled = (1.0 - w_own, durations.all_tools.sorted, running.num_overdue)
+        return ((w_own, own, own_late), pooled) if pooled[1] or pooled[2] else ((w_own, own, own_late),)
 
     def hold_for(self, tool: str, elapsed: float, num_context_tokens: int) -> tuple[float, str]:
         """(how much longer to hold from `elapsed`, the source): 0 = release now."""
@@ -148,12 +163,12 @@ class HazardTTLPolicy(TTLPolicy):
         if rest <= 0:
             return 0.0, "cap"
         parts = self.parts(tool)
-        if not parts:
+        if not any(samples or beyond for _, samples, beyond in parts):
             return min(rest, self.revisit_s), "no durations"
-        history = self.workload.durations.of(tool)
-        source = "tool+all durations" if history is not None and len(history) else "all durations"
+        known = parts[0][0] > 0  # the tool has calls of its own (returned or out past the cap)
+        source = "tool+all durations" if known else "all durations"
         h = best_horizon(parts, elapsed, limit + self.late_return_s,
-                         self.benefit_s(num_context_tokens), self.idle_cost)
+                         self.benefit_s(num_context_tokens), self.idle_cost, hold_unknown=known)
         if h <= elapsed:
             return 0.0, source
         return min(h - elapsed, rest, self.revisit_s), source

@@ -74,6 +74,7 @@ class TTLPolicy(ABC):
     name: str
     honours_hints = True
     reads_pool = False  # its decisions read the pool's state (`TurnEnd.pool`)
+    reads_running_calls = False  # ... and the calls out past the cap (`WorkloadModel.running`)
 
     def __init__(self, max_ttl_s: float) -> None:
         self.max_ttl_s = max_ttl_s

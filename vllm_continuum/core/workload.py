@@ -1,5 +1,8 @@
 """What the server measures about its agent workload, for the TTL model.
 
+- Tool durations, per tool (durations.py), and the calls still running
+  (running_calls.py): one out past the cap is a duration known to outlast it.
+
 - T: mean queueing delay of turns that came back to find their cache gone
   (pin released, or never made), over a sliding window: what an eviction
   costs in waiting, on top of the prefill.
@@ -15,6 +18,7 @@ import math
 from collections import deque
 
 from vllm_continuum.core.durations import ToolDurations
+from vllm_continuum.core.running_calls import RunningCalls
 
 
 class SlidingMean:
@@ -89,8 +93,21 @@ class WorkloadModel:
 
     def __init__(self, history_limit: int, queueing_window: int, program_window: int) -> None:
         self.durations = ToolDurations(history_limit)
+        self.running = RunningCalls(math.inf, math.inf)  # tracks nothing until asked to
         self.queueing = SlidingMean(queueing_window)
         self.programs = Memoryfulness(program_window)
+
+    def track_running_calls(self, overdue_after_s: float, forget_after_s: float) -> None:
+        """Count the calls out past `overdue_after_s` (for a policy that reads them)."""
+        self.running = RunningCalls(overdue_after_s, forget_after_s)
+
+    def tool_called(self, session: str, tool: str, now: float) -> None:
+        self.running.start(session, tool, now)
+
+    def tool_returned(self, session: str, tool: str, seconds: float, now: float) -> None:
+        self.running.returned(session)
+        self.running.advance(now)
+        self.durations.add(tool, seconds)
 
     @property
     def mean_queueing_delay_s(self) -> float:
