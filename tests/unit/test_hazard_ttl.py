@@ -170,6 +170,13 @@ def test_a_cold_tool_that_outlasts_every_recorded_call_is_let_go():
     assert p.revisit("ci", first, 1000) == 0.0
 
 
+def test_a_cold_tool_is_held_while_few_calls_are_recorded():
+    """Outlasting 9 recorded calls is weak evidence (1 in 10 for a call
+    like them): held as `forever`; outlasting 10 lets it go."""
+    assert policy({"view": [0.5] * 9}, revisit_s=5.0).revisit("test", 1.0, 1000) == 5.0
+    assert policy({"view": [0.5] * 10}, revisit_s=5.0).revisit("test", 1.0, 1000) == 0.0
+
+
 def test_calls_still_out_past_the_cap_count_before_any_returns():
     """Beside fast calls, three 10 s calls were recorded, so a cold `ci`
     call at 5 s is held (the pooled calls that ran that long returned in

@@ -41,11 +41,13 @@ pins are decided now.
 
 A call that has outlasted every recorded one (of any tool) is held if its
 tool has calls of its own (nothing is known about this one), and let go if
-not: a tool never seen to return, whose call has run longer than any call
+not, once at least COLD_EVIDENCE_SAMPLES calls are recorded: a tool never
+seen to return, whose call has run longer than any of ten or more calls
 ever did, is most likely a slow one. (Holding those as `forever` does, at
-a cold start, made a new program wait behind the first CI runs' pins.)
-With no duration recorded at all the rule holds (as `forever`) and looks
-again after `revisit_s`.
+a cold start, made a new program wait behind the first CI runs' pins;
+letting them go with fewer calls recorded lost pins of ordinary tools at
+the start of a short batch.) With no duration recorded at all the rule
+holds (as `forever`) and looks again after `revisit_s`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd
 from vllm_continuum.core.workload import WorkloadModel
+
+# A call of a tool never seen to return is let go once it has outlasted this
+# many recorded calls (of any tool): were its tool like theirs, it would
+# outlast all n of them with probability 1 / (n + 1), under 10% here.
+COLD_EVIDENCE_SAMPLES = 10
 
 
 def best_horizon(
@@ -167,8 +174,9 @@ class HazardTTLPolicy(TTLPolicy):
             return min(rest, self.revisit_s), "no durations"
         known = parts[0][0] > 0  # the tool has calls of its own (returned or out past the cap)
         source = "tool+all durations" if known else "all durations"
+        hold_unknown = known or len(self.workload.durations.all_tools) < COLD_EVIDENCE_SAMPLES
         h = best_horizon(parts, elapsed, limit + self.late_return_s,
-                         self.benefit_s(num_context_tokens), self.idle_cost, hold_unknown=known)
+                         self.benefit_s(num_context_tokens), self.idle_cost, hold_unknown=hold_unknown)
         if h <= elapsed:
             return 0.0, source
         return min(h - elapsed, rest, self.revisit_s), source
