@@ -23,7 +23,7 @@ FLAT = PrefillProfile(c0=2.0, c1=0.0, c2=0.0)
 def policy(durations: dict[str, list[float]], *, max_ttl_s: float = 30.0, revisit_s: float = 1e9,
            queueing_s: float = 0.0, prior_samples: float = 3.0, **kw) -> HazardTTLPolicy:
     workload = WorkloadModel(history_limit=1000, queueing_window=16, program_window=16)
-    workload.track_running_calls(max_ttl_s + 0.5, forget_after_s=600.0)
+    workload.track_running_calls(max_ttl_s + 0.5, forget_after_s=600.0, max_calls=1000)
     for tool, ds in durations.items():
         for d in ds:
             workload.durations.add(tool, d)

@@ -98,3 +98,15 @@ def test_the_controller_tracks_calls_only_for_a_policy_that_reads_them():
                           ContinuumStats(writer=None), block_size=4, hash_block_size=4, clock=lambda: 0.0)
         assert run(c, ledger, Req("a1", "A", [1, 2, 3]), tool="ci")
         assert len(c.workload.running) == tracked
+
+
+def test_at_most_max_calls_are_kept_the_oldest_forgotten_first():
+    """Session ids come from clients: with no idle horizon (inf), a flood of
+    calls that never return still keeps at most `max_calls`."""
+    calls = RunningCalls(overdue_after_s=30.5, forget_after_s=math.inf, max_calls=100)
+    for i in range(10_000):
+        calls.start(f"s{i}", "ci", now=float(i))
+        assert len(calls) <= 100
+    assert calls.num_overdue == calls.overdue("ci") == 69  # s9900..s9968 are out past 30.5 s
+    assert len(calls._started) + len(calls._late) <= 100
+    assert "s9999" in calls._running and "s9899" not in calls._running

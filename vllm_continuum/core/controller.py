@@ -120,7 +120,8 @@ class PinController:
         policy = ttl_policy(config, self.workload)
         if policy.reads_running_calls:
             self.workload.track_running_calls(config.max_ttl_s + LATE_RETURN_S,
-                                              forget_after_s=config.program_idle_horizon_s)
+                                              forget_after_s=config.program_idle_horizon_s,
+                                              max_calls=config.max_tracked_sessions)
         # Without prefix caching a pin could never be hit; a policy that never pins
         # takes no block at all (`never` with `queue_order: fcfs` is stock vLLM
         # exactly, the order blocks are freed in included).

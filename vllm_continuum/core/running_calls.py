@@ -7,7 +7,9 @@ ended (the cap plus the late-return margin) is already known to outlast
 the cap: a right-censored duration, which the retention rule counts as a
 sample beyond any horizon (`hazard_ttl.py`). It counts until the call
 returns (then its real duration is recorded in its place) or until
-`forget_after_s` passes (the program has ended; it never returns).
+`forget_after_s` passes (the program has ended; it never returns). At most
+`max_calls` are kept (session ids come from clients): past it the oldest
+call is forgotten.
 
 Calls are kept in the order they started, so each event costs O(1)
 amortised: `advance` only reads the head of two queues.
@@ -32,8 +34,10 @@ class RunningCalls:
     """Each session's running tool call, and per tool the calls out past
     `overdue_after_s` (`inf`: nothing is tracked, each event is a no-op)."""
 
-    def __init__(self, overdue_after_s: float, forget_after_s: float) -> None:
+    def __init__(self, overdue_after_s: float, forget_after_s: float,
+                 max_calls: int = 1_000_000) -> None:
         self.overdue_after_s = overdue_after_s
+        self.max_calls = max_calls
         self._tracking = math.isfinite(overdue_after_s)
         self.forget_after_s = max(forget_after_s, overdue_after_s)
         self._running: dict[str, _Call] = {}  # session -> its call, until it returns
@@ -54,6 +58,10 @@ class RunningCalls:
         call = self._running[session] = _Call(tool, now)
         self._started.append((session, call))
         self.advance(now)
+        while len(self._running) > self.max_calls:  # the oldest first: overdue, then the rest
+            gone, oldest = (self._late or self._started).popleft()
+            if self._running.get(gone) is oldest:
+                self.returned(gone)
 
     def returned(self, session: str) -> None:
         """The session's call returned (or will not be waited for)."""

@@ -97,9 +97,10 @@ class WorkloadModel:
         self.queueing = SlidingMean(queueing_window)
         self.programs = Memoryfulness(program_window)
 
-    def track_running_calls(self, overdue_after_s: float, forget_after_s: float) -> None:
+    def track_running_calls(self, overdue_after_s: float, forget_after_s: float,
+                            max_calls: int) -> None:
         """Count the calls out past `overdue_after_s` (for a policy that reads them)."""
-        self.running = RunningCalls(overdue_after_s, forget_after_s)
+        self.running = RunningCalls(overdue_after_s, forget_after_s, max_calls)
 
     def tool_called(self, session: str, tool: str, now: float) -> None:
         self.running.start(session, tool, now)
