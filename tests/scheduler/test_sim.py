@@ -189,6 +189,9 @@ def test_oracle_policy():
     eq2 = OracleTTLPolicy(durations.get, slack_s=0.25, mode="eq2", benefit=lambda t: 5.0)
     assert eq2.decide(turn).ttl_s == pytest.approx(1.75)  # 5 s saved > 1.5 s pinned
     assert eq2.decide(TurnEnd("b", "pytest", 1000)).ttl_s == 0  # 30 s pinned > 5 s saved
+    capped = OracleTTLPolicy(durations.get, slack_s=0.25, mode="cap", cap_s=20.0)
+    assert capped.decide(turn).ttl_s == pytest.approx(1.75)
+    assert capped.decide(TurnEnd("b", "pytest", 1000)).ttl_s == 0  # returns after the cap
 
 
 def test_seed_summary_ratios_and_ties():

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.pin_table import Pin, ReleaseReason
 from vllm_continuum.core.prefill_profile import PrefillProfile
+from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
 from vllm_continuum.core.workload import WorkloadModel
 from continuum_lab.sim.cost_model import CostModel
@@ -44,6 +45,12 @@ class OracleTTLPolicy(TTLPolicy):
     It is not capped by `max_ttl_s`. It is bounded, like every policy, by the
     pinned-memory caps and the pressure policy.
 
+    mode "cap" (policy `oracle-cap-program`): the same within `max_ttl_s`,
+    the bound every rule of the product keeps: a call that returns within
+    the cap (and the late-return margin) is pinned for its duration, any
+    other not at all. What a retention rule that knew each call's duration
+    would do under the cap.
+
     mode "eq2" (policy `oracle-eq2`): the paper's Eq. 2 with a perfect
     predictor: P(tau) is a step at the real duration d, so pin for d (+ slack)
     iff B = T * eta + PrefillReload(r) exceeds d, with T, eta measured online
@@ -58,8 +65,10 @@ class OracleTTLPolicy(TTLPolicy):
         slack_s: float,
         mode: str = "always",
         benefit: Callable[[TurnEnd], float] | None = None,
+        cap_s: float = float("inf"),
     ) -> None:
         super().__init__(max_ttl_s=float("inf"))
+        self.cap_s = cap_s  # mode "cap": calls longer than this are not pinned
         self.durations = durations
         self.slack_s = slack_s
         self.mode = mode
@@ -73,6 +82,8 @@ class OracleTTLPolicy(TTLPolicy):
             b = self.benefit(turn) if self.benefit else 0.0
             if optimal_ttl([d], b) <= 0 and not (d == 0 and b > 0):
                 return TTLDecision(0.0, "oracle-eq2: not worth it")
+        if self.mode == "cap" and d > self.cap_s + LATE_RETURN_S:
+            return TTLDecision(0.0, "oracle-cap: outlasts the cap")
         return TTLDecision(d + self.slack_s, f"oracle-{self.mode}")
 
 
@@ -87,7 +98,8 @@ def oracle_policy_factory(
 
     def make(config: ContinuumConfig, workload: WorkloadModel) -> TTLPolicy:
         if mode != "eq2":
-            return OracleTTLPolicy(durations, slack_s=cost.max_step_s(), mode=mode)
+            return OracleTTLPolicy(durations, slack_s=cost.max_step_s(), mode=mode,
+                                   cap_s=config.max_ttl_s)
         profile = PrefillProfile.load(prefill_profile_path) if prefill_profile_path else PrefillProfile()
 
         def benefit(turn: TurnEnd) -> float:

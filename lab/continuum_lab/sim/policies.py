@@ -100,7 +100,9 @@ RELAXED: dict[str, dict[str, str]] = {
 # one TTL setting changed each. `no-slow-by-name` never pins the slow tools
 # of the slow-tool workloads (ci, approval, browse) and pins the rest until
 # the cap; `eq2-program` is the paper's Eq. 2 at full cost; `oracle-program`
-# knows each call's duration (oracle.py); `hazard` is the tool-aware rule
+# knows each call's duration (oracle.py; uncapped, as the paper's), and
+# `oracle-cap-program` pins only the calls that return within the cap
+# (each for its duration); `hazard` is the tool-aware rule
 # (core/hazard_ttl.py).
 SLOW_TOOL_NAMES = ("ci", "approval", "browse")
 SLOW_TOOLS: dict[str, dict[str, str]] = {
@@ -109,6 +111,7 @@ SLOW_TOOLS: dict[str, dict[str, str]] = {
     "no-slow-by-name": {"TTL_POLICY": "fixed", "DEFAULT_TTL_S": "100000",
                         "TOOL_TTL_S": json.dumps({t: 0 for t in SLOW_TOOL_NAMES})},
     "oracle-program": {"TTL_POLICY": "never"},
+    "oracle-cap-program": {"TTL_POLICY": "never"},
     "forever-ttl": {"TTL_POLICY": "forever"},
     "hazard": {"TTL_POLICY": "hazard"},
 }
@@ -200,10 +203,9 @@ def build_scheduler(
                  "continuum_stats": stats or ContinuumStats(writer=None)}
         if policy.startswith("oracle"):
             assert oracle_durations is not None
+            mode = next((m for m in ("eq2", "cap") if policy.startswith(f"oracle-{m}")), "always")
             extra["continuum_ttl_policy"] = oracle_policy_factory(
-                oracle_durations, cost, "eq2" if policy.startswith("oracle-eq2") else "always",
-                prefill_profile_path,
-            )
+                oracle_durations, cost, mode, prefill_profile_path)
     scheduler = new_scheduler(
         cls, sim_model_dir(cost.max_model_len), num_blocks=cost.num_gpu_blocks,
         block_size=cost.block_size, max_model_len=cost.max_model_len,
