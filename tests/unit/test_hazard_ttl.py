@@ -198,7 +198,7 @@ def test_a_late_call_that_returns_becomes_its_real_duration():
     p.workload.tool_called("s", "ci", now=0.0)
     p.workload.running.advance(31.0)
     assert p.parts("ci")[0][2] == 1
-    p.workload.tool_returned("s", "ci", 95.0, now=95.0)
+    p.workload.tool_returned("s", "ci", 95.0)
     own = p.parts("ci")[0]
     assert (list(own[1]), own[2]) == ([95.0], 0)
 

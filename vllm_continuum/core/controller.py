@@ -261,7 +261,7 @@ class PinController:
             turn.first_turn = False  # the program lives on in its pins: a stranger
         if measured is not None:
             tool, seconds = measured
-            self.workload.tool_returned(session, tool, seconds, now)
+            self.workload.tool_returned(session, tool, seconds)
             self.stats.on_tool_duration(tool, seconds)
         if turn.continues:
             turn.program_arrival = self.sessions.program_arrival(session, arrival)
@@ -321,9 +321,10 @@ class PinController:
             tool = hints.tool or tool_called()
             if of_program:
                 anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self.hash_block_size)
-                self.sessions.observe_turn_end(session, self.now(), tool, anchor)
+                now = self.now()
+                self.sessions.observe_turn_end(session, now, tool, anchor)
                 if tool is not None:
-                    self.workload.tool_called(session, tool, self.now())
+                    self.workload.tool_called(session, tool, now)
         if hints.last_turn:
             # Only the pins whose context it continues: a request that merely
             # carries the id (guessed, or the table forgot the session) must

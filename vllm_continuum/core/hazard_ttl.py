@@ -160,8 +160,9 @@ class HazardTTLPolicy(TTLPolicy):
         own_late = running.overdue(tool)
         n = len(own) + own_late
         w_own = n / (n + self.prior_samples)
-        pooled = (1.0 - w_own, durations.all_tools.sorted, running.num_overdue)
-        return ((w_own, own, own_late), pooled) if pooled[1] or pooled[2] else ((w_own, own, own_late),)
+        mine = (w_own, own, own_late)
+        pooled, pooled_late = durations.all_tools.sorted, running.num_overdue
+        return (mine, (1.0 - w_own, pooled, pooled_late)) if pooled or pooled_late else (mine,)
 
     def hold_for(self, tool: str, elapsed: float, num_context_tokens: int) -> tuple[float, str]:
         """(how much longer to hold from `elapsed`, the source): 0 = release now."""

@@ -105,9 +105,8 @@ class WorkloadModel:
     def tool_called(self, session: str, tool: str, now: float) -> None:
         self.running.start(session, tool, now)
 
-    def tool_returned(self, session: str, tool: str, seconds: float, now: float) -> None:
+    def tool_returned(self, session: str, tool: str, seconds: float) -> None:
         self.running.returned(session)
-        self.running.advance(now)
         self.durations.add(tool, seconds)
 
     @property
