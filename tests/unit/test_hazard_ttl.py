@@ -11,6 +11,7 @@ import random
 import pytest
 
 from vllm_continuum.config import ContinuumConfig
+from vllm_continuum.core import hazard_ttl
 from vllm_continuum.core.hazard_ttl import HazardTTLPolicy, best_horizon
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
@@ -90,6 +91,31 @@ def test_best_horizon_matches_brute_force():
         else:
             assert value(parts, elapsed, got, benefit, cost) == pytest.approx(best)
             assert got == min(h for h, v in zip(candidates, values) if v >= best - 1e-9)
+
+
+def test_best_horizon_over_many_samples_is_the_same_in_numpy(monkeypatch):
+    """A busy tool's history (hundreds of samples a part) is scanned in numpy:
+    the same horizon, to the bit, as the Python pass, ties included."""
+    rng = random.Random(5)
+    cases = []
+    for _ in range(400):
+        step = rng.choice([None, 0.5, 1.0])  # rounded durations make ties
+
+        def draw(scale):
+            x = rng.expovariate(1 / scale)
+            return round(x / step) * step if step else x
+
+        a = sorted(draw(rng.choice([0.5, 3.0, 30.0])) for _ in range(rng.choice([70, 300, 1000])))
+        b = [draw(rng.choice([1.0, 5.0, 40.0])) for _ in range(rng.choice([0, 100, 1000]))]
+        b = sorted(b + a if rng.random() < 0.5 else b)  # all tools' history holds the tool's own
+        w = rng.random()
+        parts = ((w, a, rng.choice([0, 3])), (1 - w, b, rng.choice([0, 7])))
+        cases.append((parts, rng.choice([0.0, 0.3, 2.0, 5.0]), rng.choice([10.0, 30.5]),
+                      rng.uniform(0, 30), rng.choice([0.0, 0.02, 0.3, 1.0])))
+    in_numpy = [best_horizon(*case) for case in cases]
+    monkeypatch.setattr(hazard_ttl, "VECTOR_FROM", math.inf)
+    assert [best_horizon(*case) for case in cases] == in_numpy
+    assert len(set(in_numpy)) > 100  # the cases reach many different horizons
 
 
 # ------------------------------------------------------------ the rule
