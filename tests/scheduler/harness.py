@@ -9,6 +9,7 @@ builds the scenarios the scheduler tests share.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,21 @@ class FakeClock(SimClock):
         super().__init__(1000.0)
 
 
+class WallClock(SimClock):
+    """vLLM's wall clock (`time.time()`, where it stamps `arrival_time`), as the
+    tests see it: the real epoch, far from the scheduler's clock, but moving
+    only by a microsecond per request stamped. So the scheduler reads the same
+    time-on-the-way for a request in every run (a real clock would make the
+    random runs differ by the microseconds between building and adding)."""
+
+    def stamp(self) -> float:
+        self.advance(1e-6)
+        return self.now
+
+
+WALL_CLOCK = WallClock(time.time())
+
+
 def make_scheduler(
     model_dir: str,
     *,
@@ -61,6 +77,8 @@ def make_scheduler(
     included). `continuum_kwargs` go to our scheduler (e.g. `continuum_config=`)."""
     if continuum and settings is not None:
         continuum_kwargs.setdefault("continuum_config", load_config(use_env=False, **settings))
+    if continuum:
+        continuum_kwargs.setdefault("continuum_wall_clock", WALL_CLOCK)
     if continuum:
         cls = ContinuumAsyncScheduler if async_scheduling else ContinuumScheduler
     else:
@@ -87,12 +105,12 @@ def make_request(
     priority: int = 0,
 ) -> Request:
     """A request as vLLM builds it: `arrival_time` is the wall clock
-    (time.time()), far from the scheduler's clock (FakeClock, at 1000 s), so a
-    rule that compared the two would show. Order arrivals by moving the
-    scheduler's clock between adds (`Driver.advance`)."""
+    (`WALL_CLOCK`, the real epoch), far from the scheduler's clock (FakeClock,
+    at 1000 s), so a rule that compared the two would show. Order arrivals by
+    moving the scheduler's clock between adds (`Driver.advance`)."""
     return synthetic_request(
         f"req-{next(_ids)}", list(prompt), hasher=_block_hasher, max_tokens=max_tokens,
-        session=session, xargs=xargs, priority=priority,
+        session=session, xargs=xargs, priority=priority, arrival=WALL_CLOCK.stamp(),
     )
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from vllm.v1.request import RequestStatus
 
-from tests.scheduler.harness import FILLER_TOKEN, EOS_TOKEN_ID, make_request, tokens
+from tests.scheduler.harness import (
+    FILLER_TOKEN, EOS_TOKEN_ID, WALL_CLOCK, Driver, FakeClock, make_request, make_scheduler, tokens,
+)
 from tests.scheduler.test_program_order import STEP_S, Program, agents
 
 TURN_BOUND_S = 2.0  # 20 steps of STEP_S
@@ -31,6 +33,33 @@ def test_core_never_reads_vllms_wall_clock():
 
     for path in Path(core.__file__).parent.glob("*.py"):
         assert "arrival_time" not in path.read_text(), path.name
+
+
+def test_a_requests_time_on_the_way_counts_and_add_order_holds(tiny_model_dir, async_scheduling):
+    """vLLM's stamp is converted once: a request that took 2 s to reach the
+    engine core counts as 2 s old; one stamped earlier than the request added
+    before it keeps vLLM's order of adding (its FCFS queue's)."""
+    s = make_scheduler(tiny_model_dir, async_scheduling=async_scheduling)
+    s.continuum.clock = FakeClock()
+    d, now = Driver(s), s.continuum.now()
+    early = make_request(tokens(1, 20), session="A")
+    WALL_CLOCK.advance(2.0)
+    late = make_request(tokens(2, 20), session="B")
+    d.add(late)
+    d.add(early)  # stamped 2 s before `late`, added after it
+    arrived = {r.request_id: s.continuum.turns[r.request_id].arrival for r in (early, late)}
+    assert abs(arrived[late.request_id] - now) < 1e-3
+    assert arrived[early.request_id] == arrived[late.request_id]
+    slow = make_request(tokens(3, 20), session="C")
+    WALL_CLOCK.advance(2.0)
+    d.advance(0.5)
+    d.add(slow)
+    assert s.continuum.turns[slow.request_id].arrival == arrived[late.request_id]
+    d.advance(5.0)
+    slower = make_request(tokens(4, 20), session="D")
+    WALL_CLOCK.advance(2.0)
+    d.add(slower)
+    assert abs(s.continuum.turns[slower.request_id].arrival - (now + 5.5 - 2.0)) < 1e-3
 
 
 def test_an_expired_agent_is_not_held_behind_later_programs_pins(tiny_model_dir, async_scheduling):
