@@ -15,15 +15,19 @@ from vllm_continuum.core import hazard_ttl
 from vllm_continuum.core.hazard_ttl import HazardTTLPolicy, best_horizon
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
-from vllm_continuum.core.workload import WorkloadModel
+from vllm_continuum.core.workload import CONTENTION_WINDOW_S, WorkloadModel
 
 # A profile whose reload is a flat 2 s: B = 2 s + T.
 FLAT = PrefillProfile(c0=2.0, c1=0.0, c2=0.0)
 
 
 def policy(durations: dict[str, list[float]], *, max_ttl_s: float = 30.0, revisit_s: float = 1e9,
-           queueing_s: float = 0.0, prior_samples: float = 3.0, **kw) -> HazardTTLPolicy:
+           queueing_s: float = 0.0, prior_samples: float = 3.0, contested: bool = True,
+           **kw) -> HazardTTLPolicy:
+    """The rule over these durations; the pool contested (memory has a price) unless told."""
     workload = WorkloadModel(history_limit=1000, queueing_window=16, program_window=16)
+    if contested:
+        workload.blocks_short(0.0)
     workload.track_running_calls(max_ttl_s + 0.5, forget_after_s=600.0, max_calls=1000)
     for tool, ds in durations.items():
         for d in ds:
@@ -135,6 +139,21 @@ def test_a_slow_but_returning_tool_is_held_as_forever_holds_it():
     durations = {"browse": [5.0, 8.0, 12.0, 25.0] * 5}
     assert policy(durations).decide(turn("browse")).ttl_s == 25.0
     assert policy(durations, idle_cost=1.0).decide(turn("browse")).ttl_s == 0.0
+
+
+def test_memory_costs_nothing_while_the_pool_is_not_contested():
+    """A small context (its saving below what the wait costs at the price) and
+    a tool that returns within the cap: let go while allocations fail for lack
+    of blocks, held as `forever` holds it once none has failed for
+    CONTENTION_WINDOW_S (nobody would use the memory)."""
+    durations = {"forced": [25.0]}
+    contested = policy(durations, idle_cost=1.0)
+    assert contested.decide(turn("forced")).ttl_s == 0.0
+    assert policy(durations, idle_cost=1.0, contested=False).decide(turn("forced")).ttl_s == 25.0
+    contested.workload.tick(CONTENTION_WINDOW_S)  # the failure at 0 s still counts
+    assert contested.decide(turn("forced")).ttl_s == 0.0
+    contested.workload.tick(CONTENTION_WINDOW_S + 0.1)
+    assert contested.decide(turn("forced")).ttl_s == 25.0
 
 
 def test_queueing_after_a_lost_context_is_part_of_the_benefit():

@@ -216,6 +216,8 @@ class ContinuumSchedulerMixin:
         controller may release pins that cover the shortfall and retry once."""
         admitting = request.status in _ADMITTING
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
+        if blocks is None:
+            self.continuum.on_blocks_short()
         if blocks is None and self.continuum.pins:
             hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
             blocks = self.continuum.retry_with_pins_released(

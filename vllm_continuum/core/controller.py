@@ -175,6 +175,11 @@ class PinController:
         """The prefix cache is reset or the engine shuts down: every pin goes."""
         self.releaser.release_all(ReleaseReason.RESET)
 
+    def on_blocks_short(self) -> None:
+        """An allocation failed for lack of blocks (before any pin is released):
+        the pool is contested (`WorkloadModel.contested`)."""
+        self.workload.blocks_short(self.now())
+
     def retry_with_pins_released(self, request: TurnRequest, retry: Callable[[], T | None],
                                  **allocation) -> T | None:
         """An allocation failed for lack of blocks: release the pins that may
@@ -213,6 +218,7 @@ class PinController:
     def begin_step(self) -> None:
         self._step_time = self.clock()
         self.step += 1
+        self.workload.tick(self._step_time)
         self.releaser.release_expired(grace_until=self.step)
 
     def after_step(self, admitted: Iterable[tuple[TurnRequest, int]],

@@ -10,8 +10,11 @@ or released now if no horizon has a positive value. D is f's duration; B
 what reuse saves, the reload (`PrefillReload`, the context's prefill) plus
 T, the measured mean queueing delay of turns that came back to find their
 context gone. The cost is the memory-time the pin is expected to hold from
-now (a pin whose tool returns early stops costing then) at a small price c
-(`idle_cost`), the same whoever waits: requests entitled to pinned memory
+now (a pin whose tool returns early stops costing then) at a price c: zero
+while the pool is not contested (no allocation failed for lack of blocks
+in the last few seconds, `WorkloadModel.contested`: nobody would use the
+memory, so the pin is held as `forever` holds it, whatever its size), and
+else a small price (`idle_cost`), the same whoever waits: requests entitled to pinned memory
 (one-shots, preempted requests, overdue turns) take it through the pressure
 rule when they need it (`pressure.py`), so charging for them here would
 count their claim twice (measured: it let pins go whose turns came back);
@@ -178,6 +181,10 @@ class HazardTTLPolicy(TTLPolicy):
     def benefit_s(self, num_context_tokens: int) -> float:
         return self.profile.seconds(num_context_tokens) + self.workload.mean_queueing_delay_s
 
+    def price(self) -> float:
+        """What a second of the pin's memory costs: nothing unless the pool is contested."""
+        return self.idle_cost if self.workload.contested else 0.0
+
     def parts(self, tool: str) -> tuple[tuple[float, Sequence[float], int], ...]:
         """The tool's duration mixture: its own samples (returned calls, and
         calls still out past the cap), weight n / (n + k0), and all tools'
@@ -206,7 +213,7 @@ class HazardTTLPolicy(TTLPolicy):
         source = "tool+all durations" if known else "all durations"
         hold_unknown = known or len(self.workload.durations.all_tools) < COLD_EVIDENCE_SAMPLES
         h = best_horizon(parts, elapsed, limit + self.late_return_s,
-                         self.benefit_s(num_context_tokens), self.idle_cost, hold_unknown=hold_unknown)
+                         self.benefit_s(num_context_tokens), self.price(), hold_unknown=hold_unknown)
         if h <= elapsed:
             return 0.0, source
         return min(h - elapsed, rest, self.revisit_s), source

@@ -6,6 +6,9 @@
 - T: mean queueing delay of turns that came back to find their cache gone
   (pin released, or never made), over a sliding window: what an eviction
   costs in waiting, on top of the prefill.
+- Contention: whether a request could not get blocks (a failed allocation,
+  pins or not) within the last CONTENTION_WINDOW_S: only then does pinned
+  memory keep anyone out.
 - eta, the "memoryfulness" of program length: -Corr(k, N - k) over finished
   programs, where k counts turns served so far and N is the program's total.
   Fixed-length programs give 1 (a program that has run long is about to
@@ -19,6 +22,9 @@ from collections import deque
 
 from vllm_continuum.core.durations import ToolDurations
 from vllm_continuum.core.running_calls import RunningCalls
+
+# How long after a failed allocation the pool counts as contested.
+CONTENTION_WINDOW_S = 5.0
 
 
 class SlidingMean:
@@ -96,11 +102,22 @@ class WorkloadModel:
         self.running = RunningCalls(math.inf, math.inf)  # tracks nothing until asked to
         self.queueing = SlidingMean(queueing_window)
         self.programs = Memoryfulness(program_window)
+        self.contested = False  # a request could not get blocks within CONTENTION_WINDOW_S
+        self._short_at = -math.inf
 
     def track_running_calls(self, overdue_after_s: float, forget_after_s: float,
                             max_calls: int) -> None:
         """Count the calls out past `overdue_after_s` (for a policy that reads them)."""
         self.running = RunningCalls(overdue_after_s, forget_after_s, max_calls)
+
+    def blocks_short(self, now: float) -> None:
+        """An allocation failed for lack of blocks."""
+        self._short_at = now
+        self.contested = True
+
+    def tick(self, now: float) -> None:
+        """A step begins: contention lasts CONTENTION_WINDOW_S past the last failure."""
+        self.contested = now - self._short_at <= CONTENTION_WINDOW_S
 
     def tool_called(self, session: str, tool: str, now: float) -> None:
         self.running.start(session, tool, now)
