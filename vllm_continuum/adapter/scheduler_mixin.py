@@ -80,7 +80,6 @@ class ContinuumSchedulerMixin:
         pinning = bool(self.cache_config.enable_prefix_caching)
         self._stats = continuum_stats if continuum_stats is not None else ContinuumStats()
         self._wall_clock = continuum_wall_clock or continuum_clock or time.time
-        self._last_arrival = float("-inf")
         self.continuum = PinController(
             cfg,
             self._ledger,
@@ -248,14 +247,10 @@ class ContinuumSchedulerMixin:
 
     def _arrived(self, request: Request) -> float:
         """vLLM's wall-clock `arrival_time`, once, on the controller's clock: now
-        less the time the request took to get here (never negative), and never
-        before the previous arrival. So requests keep the order vLLM adds them
-        in, as its FCFS queue does: two added in one step are not reordered by
-        the microseconds each spent on the way."""
+        less the time the request took to get here (never negative). Requests
+        keep the order of their stamps, as vLLM's priority queue orders them."""
         c = self.continuum
-        arrived = c.now() - max(0.0, self._wall_clock() - request.arrival_time)
-        self._last_arrival = max(self._last_arrival, arrived)
-        return self._last_arrival
+        return c.now() - max(0.0, self._wall_clock() - request.arrival_time)
 
     def _first_waiting(self) -> tuple[float | None, ...]:
         """Where the first request waiting under each bound stands
