@@ -85,13 +85,13 @@ class ContinuumConfig(BaseSettings):
     )
 
     ttl_policy: Literal["continuum", "fixed", "never", "forever", "hazard"] = Field(
-        "forever",
-        description="Where TTLs come from. forever: until the next turn, the last turn or "
-        "pressure, bounded by `max_ttl_s` (measured best, live and simulated: "
-        "docs/ttl-model.md). continuum: the paper's cost/benefit model, learned online, at "
-        "the cost `pin_cost` says. hazard: the tool-aware retention rule, re-decided as the "
-        "pause goes on (docs/ttl-model.md). fixed: `tool_ttl_s`, else `default_ttl_s`. never: no "
-        "pins (stock behaviour, for A/B runs).",
+        "hazard",
+        description="Where TTLs come from. hazard: until the next turn while the tool may "
+        "still return within `max_ttl_s` and that is worth the memory, decided again as the "
+        "call runs (a tool that outlasts the cap loses its pin; docs/ttl-model.md). forever: "
+        "until the next turn, the last turn or pressure, bounded by `max_ttl_s`. continuum: "
+        "the paper's cost/benefit model, learned online, at the cost `pin_cost` says. fixed: "
+        "`tool_ttl_s`, else `default_ttl_s`. never: no pins (stock behaviour, for A/B runs).",
     )
     default_ttl_s: float = Field(2.0, ge=0, description="fixed: TTL of a tool without its own entry.")
     tool_ttl_s: dict[str, float] = Field(

@@ -356,6 +356,8 @@ def scheduler_machine(
             seen["pins"] += sum(stats.pins_by_tool.values())
             seen["programs ended"] += len(self.s.continuum.workload.programs)
             seen.update(f"release:{k}" for k, n in stats.releases_by_reason.items() for _ in range(n))
+            seen.update(f"revisit:{decision}" for (_, decision), n in stats.ttl_revisits.items()
+                        for _ in range(n))
             counts = audit(self.s)
             assert counts["free"] == counts["pool"], counts
 
@@ -485,7 +487,7 @@ SEEN: dict[tuple[str, bool], Counter] = {}
 
 @pytest.mark.parametrize(
     "pressure_policy, scheduling_policy, ttl_policy",
-    # The shipped defaults (`forever`, sessionless_first), and the learned TTL
+    # The shipped defaults (`hazard`, sessionless_first), and the learned TTL
     # (charged on demand: contested pins give way under hold) in the paper's order.
     [("yield", "fcfs", "fixed"), ("hold", "fcfs", "fixed"), ("hold", "priority", "fixed"),
      ("hold", "fcfs", "shipped"), ("hold", "fcfs", "continuum"),
@@ -509,6 +511,11 @@ def test_scheduler_state_machine(
     print(*key, dict(seen))
     required = ["pins", "release:expired", "release:aborted", "release:reset", "floods",
                 "programs ended", "preemptions", "order checks", "slow vLLM calls"]
+    if ttl_policy.startswith("shipped"):
+        # `hazard` decides again as a pin's TTL passes; here (a 1 s cap, the
+        # clock jumping by 10-45 s) its pins mostly go at that revisit
+        # (holding again is tested in test_hazard_ttl.py).
+        required.append("revisit:released")
     if connector and async_scheduling:  # vLLM deferred frees, and pins were taken young
         required += ["steps with deferred frees", "young pins"]
     if ttl_policy == "fixed":

@@ -23,9 +23,11 @@ memory, waiting requests entitled to it need (`pin_value.py`). Such a pin
 may outlive what Eq. 2 would give it at full cost; once those requests
 need its blocks it holds only that long (`contested_ttl_s`).
 
-`ForeverTTLPolicy` ships: under program admission and the waiting bound
-the rules around a pin, not its TTL, keep it from costing others, and
-giving pins up at the contested TTL measured worse (docs/ttl-model.md).
+`HazardTTLPolicy` (hazard_ttl.py) ships: `ForeverTTLPolicy`'s hold until
+the next turn while the tool may still return within the cap, and a pin
+let go once its tool's calls say it will not. Under program admission and
+the waiting bound the rules around a pin keep it from costing others;
+giving pins up at Eq. 2's contested TTL measured worse (docs/ttl-model.md).
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     # costs the agents and buys the one-shot requests, live (docs/results/benchmarks-archive.md).
     "continuum-program-fcfs": Flavour(
         "continuum-program-fcfs", "continuum", {"ttl_policy": "continuum", "queue_order": "program_fcfs"}),
-    # The tool-aware retention rule (core/hazard_ttl.py) under what ships otherwise.
+    # The tool-aware retention rule (core/hazard_ttl.py): what ships since it
+    # replaced `forever` (the `forever` flavour above).
     "hazard": Flavour("hazard", "continuum", {"ttl_policy": "hazard"}),
 }
 
