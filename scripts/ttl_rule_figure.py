@@ -6,7 +6,8 @@ The durations are drawn from the slow-tool workloads' own specs (browse-agent's
 `browse` and `view`, ci-agent's `ci`), 200 calls each, recorded into the
 rule's workload model as a server would record them; the benefit is the
 reload of a 40k-token context under the default profile (an 8B model on an
-H100-class GPU: about 4.8 s) plus a measured queueing delay T of 5 s.
+H100-class GPU: about 4.8 s) plus a measured queueing delay T of 5 s; the
+pool contested (an allocation has just failed), so the memory has its price.
 
     PYTHONPATH=. python scripts/ttl_rule_figure.py
 """
@@ -39,6 +40,7 @@ def main() -> None:
         for d in spec.duration_s.sample(rng, 200):
             workload.durations.add(tool, float(d))
     workload.queueing.add(5.0)
+    workload.blocks_short(0.0)  # the pool contested: memory has its price (else it is free)
     policy = HazardTTLPolicy(workload, PrefillProfile(), max_ttl_s=30.0)  # revisits every 5 s
     tools = (("view", "tab:green"), ("browse", "tab:blue"), ("ci", "tab:red"))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), height_ratios=(1, 1.1))
