@@ -509,13 +509,18 @@ def test_scheduler_state_machine(
     machine.TestCase.settings = settings.get_profile(PROFILE)
     machine.TestCase().runTest()
     print(*key, dict(seen))
-    required = ["pins", "release:expired", "release:aborted", "release:reset", "floods",
+    required = ["pins", "release:expired", "release:reset", "floods",
                 "programs ended", "preemptions", "order checks", "slow vLLM calls"]
     if ttl_policy.startswith("shipped"):
         # `hazard` decides again as a pin's TTL passes; here (a 1 s cap, the
         # clock jumping by 10-45 s) its pins mostly go at that revisit
-        # (holding again is tested in test_hazard_ttl.py).
+        # (holding again is tested in test_hazard_ttl.py), so few live long
+        # enough for a turn that continues one to be aborted: in the process
+        # states that run fewer rules (below) none was. The abort path is
+        # required of the other runs, and of all together (below).
         required.append("revisit:released")
+    else:
+        required.append("release:aborted")
     if connector and async_scheduling:  # vLLM deferred frees, and pins were taken young
         required += ["steps with deferred frees", "young pins"]
     if ttl_policy == "fixed":
