@@ -217,18 +217,18 @@ class ContinuumSchedulerMixin:
         blocks = self._stock_allocate_slots(request, *args, **kwargs)
         if blocks is None:
             self.continuum.on_blocks_short()
-        if blocks is None and self.continuum.pins:
-            hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
-            blocks = self.continuum.retry_with_pins_released(
-                request,
-                lambda: self._stock_allocate_slots(request, *args, **kwargs),
-                shortfall=self._ledger.shortfall(request, args, kwargs),
-                keep=self._ledger.block_ids(hit),
-                running=request.status == RequestStatus.RUNNING,
-                preempted=request.status == RequestStatus.PREEMPTED,
-                waiting=request.status == RequestStatus.WAITING,
-                anything_running=bool(self.running),
-            )
+            if self.continuum.pins:
+                hit = kwargs.get("new_computed_blocks", args[2] if len(args) > 2 else None)
+                blocks = self.continuum.retry_with_pins_released(
+                    request,
+                    lambda: self._stock_allocate_slots(request, *args, **kwargs),
+                    shortfall=self._ledger.shortfall(request, args, kwargs),
+                    keep=self._ledger.block_ids(hit),
+                    running=request.status == RequestStatus.RUNNING,
+                    preempted=request.status == RequestStatus.PREEMPTED,
+                    waiting=request.status == RequestStatus.WAITING,
+                    anything_running=bool(self.running),
+                )
         if blocks is not None and admitting:
             self.continuum.on_allocated(request)
         return blocks
