@@ -122,6 +122,32 @@ def test_best_horizon_over_many_samples_is_the_same_in_numpy(monkeypatch):
     assert len(set(in_numpy)) > 100  # the cases reach many different horizons
 
 
+def test_decisions_on_merged_samples_kept_between_changes_are_the_same():
+    """The rule keeps each tool's merged samples until a duration or a late
+    call is recorded: every decision, at turn end and at revisits, is the
+    one a fresh merge gives, as the histories and the calls past the cap move."""
+    rng = random.Random(11)
+    kept = policy({"ci": [rng.uniform(20, 200) for _ in range(200)],
+                   "view": [rng.expovariate(2.0) for _ in range(300)]})
+    fresh = policy({})
+    fresh.workload = kept.workload  # the same state, merged anew at every decision
+    fresh._merged_parts = lambda tool, parts: hazard_ttl.Merged.of(parts)
+    decided = set()
+    for i in range(300):
+        if i % 7 == 0:
+            kept.workload.durations.add(rng.choice(["ci", "view"]), rng.uniform(0, 100))
+        if i % 50 == 0:
+            kept.workload.tool_called(f"s{i}", "ci", 0.0)  # outlasts the cap: counted late
+            kept.workload.running.advance(100.0)
+        tool, elapsed = rng.choice(["ci", "view"]), rng.choice([0.0, 0.5, 5.0, 20.0])
+        tokens = rng.choice([100, 1000, 10_000])
+        got = kept.hold_for(tool, elapsed, tokens)
+        assert got == fresh.hold_for(tool, elapsed, tokens)
+        decided.add(got[0])
+    assert len(decided) > 5
+    assert set(kept._merged) == {"ci", "view"}
+
+
 # ------------------------------------------------------------ the rule
 def test_a_fast_tool_is_held_and_a_tool_slower_than_the_cap_is_not():
     """`ci` is held only while the all-tools prior (3 of 33 weights) says it

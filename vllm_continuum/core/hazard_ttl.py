@@ -56,7 +56,7 @@ holds (as `forever`) and looks again after `revisit_s`.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -72,6 +72,8 @@ from vllm_continuum.core.workload import WorkloadModel
 COLD_EVIDENCE_SAMPLES = 10
 # Samples from which `best_horizon` scans in numpy (below, Python is faster).
 VECTOR_FROM = 64
+# Tools whose merged samples are kept (the most recently decided).
+MERGED_TOOLS = 64
 
 
 def best_horizon(
@@ -81,6 +83,7 @@ def best_horizon(
     benefit_s: float,
     cost: float,
     hold_unknown: bool = True,
+    merged: Callable[[], Merged] | None = None,
 ) -> float:
     """The horizon h in (elapsed, limit] that maximises
     P(D <= h | D > elapsed) * benefit - cost * E[min(D, h) - elapsed | D > elapsed],
@@ -88,29 +91,37 @@ def best_horizon(
     of further samples known to exceed `limit`), or `elapsed` (release now)
     if none has a positive value. Ties go to the shorter horizon. If the
     call has outlasted every sample (no information): `limit` (hold) if
-    `hold_unknown`, else `elapsed`. One pass over the samples in (elapsed,
-    limit]; from VECTOR_FROM of them (a busy tool's history: up to
-    `duration_history` samples per part) the pass runs in numpy, with the
-    same arithmetic in the same order, so the same horizon."""
+    `hold_unknown`, else `elapsed`.
+
+    At no cost the value only grows with h: the last sample in (elapsed,
+    limit], found by binary search. Else one pass over the samples in
+    (elapsed, limit]; from VECTOR_FROM of them (a busy tool's history: up
+    to `duration_history` samples per part) the pass runs in numpy, with
+    the same arithmetic in the same order, so the same horizon. `merged`,
+    if given, returns `Merged.of(parts)`: a caller deciding often on
+    unchanged parts builds it once."""
     if not benefit_s > 0 or limit <= elapsed:
         return elapsed
     # The conditional distribution beyond `elapsed`: each sample up to
     # `limit` with its weight; survivors = P(D > elapsed), up to the
     # mixture's normalisation.
-    slices: list[tuple[Sequence[float], float]] = []
+    ranges: list[tuple[Sequence[float], int, int, float]] = []
     survivors = 0.0
     for weight, samples, beyond in parts:
         if weight <= 0 or not (samples or beyond):
             continue
         start = bisect.bisect_right(samples, elapsed)
         w = weight / (len(samples) + beyond)
-        slices.append((samples[start:bisect.bisect_right(samples, limit, start)], w))
+        ranges.append((samples, start, bisect.bisect_right(samples, limit, start), w))
         survivors += w * (len(samples) - start + beyond)
     if survivors <= 0:  # the call outlasted every recorded one: nothing is known
         return limit if hold_unknown else elapsed
-    if sum(len(xs) for xs, _ in slices) >= VECTOR_FROM:
-        return _best_of_many(slices, elapsed, benefit_s, cost, survivors)
-    tail = sorted((x, w) for xs, w in slices for x in xs)
+    if cost == 0:  # every sample in range adds to the value: the last one is best
+        return max((xs[end - 1] for xs, start, end, _ in ranges if end > start), default=elapsed)
+    if sum(end - start for _, start, end, _ in ranges) >= VECTOR_FROM:
+        return _best_of_many(merged() if merged is not None else Merged.of(parts),
+                             elapsed, limit, benefit_s, cost, survivors)
+    tail = sorted((x, w) for xs, start, end, w in ranges for x in xs[start:end])
     best_h, best_value = elapsed, 0.0
     returned = 0.0  # P(elapsed < D <= h) * survivors
     held = 0.0  # sum over returned samples of w * (x - elapsed)
@@ -129,22 +140,44 @@ def best_horizon(
     return best_h
 
 
-def _best_of_many(slices: Sequence[tuple[Sequence[float], float]], elapsed: float,
-                  benefit_s: float, cost: float, survivors: float) -> float:
-    """`best_horizon`'s pass over many samples: the same sums, accumulated in
-    the same order (samples sorted by (x, weight): each slice is sorted and
-    of one weight, so a stable sort of the slices by weight, then by x);
-    the first maximum wins if it is positive. (Within a run of equal
-    samples the value only grows, so the run's last one is where the Python
-    pass evaluates it.)"""
-    slices = sorted(slices, key=lambda s: s[1])
-    xs = np.concatenate([np.asarray(s, dtype=np.float64) for s, _ in slices])
-    ws = np.concatenate([np.full(len(s), w) for s, w in slices])
-    order = np.argsort(xs, kind="stable")
-    xs, ws = xs[order], ws[order]
+class Merged:
+    """Every sample of a mixture's parts with its weight, in the Python pass's
+    order (a stable sort of the parts by weight, then of their samples by
+    value), and the pass's running sums from the first sample (those of a
+    decision at turn end, where no time has elapsed)."""
+
+    def __init__(self, xs: np.ndarray, ws: np.ndarray) -> None:
+        self.xs, self.ws = xs, ws
+        self.returned, self.held = np.cumsum(ws), np.cumsum(ws * (xs - 0.0))
+
+    @classmethod
+    def of(cls, parts: Sequence[tuple[float, Sequence[float], int]]) -> Merged:
+        kept = sorted(((weight / (len(samples) + beyond), samples) for weight, samples, beyond in parts
+                       if weight > 0 and samples), key=lambda part: part[0])
+        if not kept:
+            return cls(np.empty(0), np.empty(0))
+        xs = np.concatenate([np.asarray(samples, dtype=np.float64) for _, samples in kept])
+        ws = np.concatenate([np.full(len(samples), w) for w, samples in kept])
+        order = np.argsort(xs, kind="stable")
+        return cls(xs[order], ws[order])
+
+
+def _best_of_many(merged: Merged, elapsed: float, limit: float, benefit_s: float, cost: float,
+                  survivors: float) -> float:
+    """`best_horizon`'s pass over the samples in (elapsed, limit] in numpy: the
+    same sums, accumulated in the same order (from the first sample they are
+    the merge's own); the first maximum wins if it is positive. (Within a run
+    of equal samples the value only grows, so the run's last one is where
+    the Python pass evaluates it.)"""
+    xs = merged.xs
+    lo, hi = int(np.searchsorted(xs, elapsed, "right")), int(np.searchsorted(xs, limit, "right"))
+    xs = xs[lo:hi]
     gap = xs - elapsed
-    returned = np.cumsum(ws)
-    held = np.cumsum(ws * gap)
+    if lo == 0 and elapsed == 0.0:
+        returned, held = merged.returned[:hi], merged.held[:hi]
+    else:
+        ws = merged.ws[lo:hi]
+        returned, held = np.cumsum(ws), np.cumsum(ws * gap)
     value = returned / survivors * benefit_s - cost * ((held + (survivors - returned) * gap) / survivors)
     best = int(np.argmax(value))
     return float(xs[best]) if value[best] > 0 else elapsed
@@ -174,6 +207,10 @@ class HazardTTLPolicy(TTLPolicy):
         self.revisit_s = revisit_s
         self.idle_cost = idle_cost
         self.late_return_s = late_return_s
+        # Per tool, its mixture's samples merged (`Merged`) and what they
+        # were merged from: rebuilt once a duration or a late call is recorded,
+        # so the decisions between two of those (a busy step's) share one merge.
+        self._merged: dict[str, tuple[tuple, Merged]] = {}
 
     def profile_note(self, max_model_len: int) -> str | None:
         return self.profile.clamp_note(max_model_len)
@@ -213,10 +250,23 @@ class HazardTTLPolicy(TTLPolicy):
         source = "tool+all durations" if known else "all durations"
         hold_unknown = known or len(self.workload.durations.all_tools) < COLD_EVIDENCE_SAMPLES
         h = best_horizon(parts, elapsed, limit + self.late_return_s,
-                         self.benefit_s(num_context_tokens), self.price(), hold_unknown=hold_unknown)
+                         self.benefit_s(num_context_tokens), self.price(), hold_unknown=hold_unknown,
+                         merged=lambda: self._merged_parts(tool, parts))
         if h <= elapsed:
             return 0.0, source
         return min(h - elapsed, rest, self.revisit_s), source
+
+    def _merged_parts(self, tool: str, parts) -> Merged:
+        """`Merged.of(parts)`, rebuilt only when the parts changed: a duration
+        recorded (any tool's: the pooled part) or a call's count past the cap."""
+        version = (self.workload.durations.num_samples, tuple((w, n) for w, _, n in parts))
+        cached = self._merged.pop(tool, None)  # (re-inserted: the newest last)
+        if cached is None or cached[0] != version:
+            cached = (version, Merged.of(parts))
+        self._merged[tool] = cached
+        if len(self._merged) > MERGED_TOOLS:
+            del self._merged[next(iter(self._merged))]
+        return cached[1]
 
     def choose(self, turn: TurnEnd) -> TTLDecision:
         ttl, source = self.hold_for(turn.tool, 0.0, turn.num_context_tokens)
