@@ -50,6 +50,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from vllm_continuum.metrics.names import (
     AFFINITY_MISSES,
+    BLOCK_SHORTAGES,
     EXPIRED_PIN_BLOCK_SECONDS,
     INVALID_HINTS,
     KV_POOL_BLOCKS,
@@ -290,12 +291,15 @@ def build() -> dashboard.Dashboard:
         "s",
     )
     hints = series(
-        "Invalid hints and refused pins",
-        "Per-request continuum_* hints ignored as invalid, and pins not made because they did "
-        "not fit under max_pinned_fraction, per second.",
+        "Invalid hints, refused pins, pool shortages",
+        "Per-request continuum_* hints ignored as invalid, pins not made because they did "
+        "not fit under max_pinned_fraction, and allocations that failed for lack of free KV "
+        "blocks (the pool is contested: ttl_policy hazard prices pins' memory for 5 s after "
+        "one), per second.",
         [
             q(f"sum({rate(total(INVALID_HINTS))})", "invalid hints", "A"),
             q(f"sum({rate(total(PINS_REFUSED))})", "pins refused (cap)", "B"),
+            q(f"sum({rate(total(BLOCK_SHORTAGES))})", "allocations short of blocks", "C"),
         ],
         "ops",
     )

@@ -148,6 +148,9 @@ class Prometheus:
             "continuum_pin_held_seconds_sum",
         ):
             state[name] = self.value(f"sum({name}{{{sel}}}) or vector(0)")
+        # Exported from start-up (at 0): absent from Prometheus is a failure.
+        state["continuum_block_shortages_total"] = self.value(
+            f"sum(continuum_block_shortages_total{{{sel}}})")
         missing = [k for k, v in state.items() if v is None]
         assert not missing, f"not in Prometheus for {job}: {missing}"
         return state

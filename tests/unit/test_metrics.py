@@ -321,6 +321,7 @@ def test_counters_and_labels_on_the_scrape(metrics_dir, clock):
     e.stats.on_resume(True, prompt_tokens=700, cached_tokens=640)
     e.stats.on_resume(False, prompt_tokens=100, cached_tokens=0)
     e.stats.on_invalid_hints(2)
+    e.stats.on_blocks_short()
     e.release(p, ReleaseReason.RESUMED)
     e.publish(idle=True)
     s = scrape(collector_at(clock, metrics_dir))
@@ -333,6 +334,8 @@ def test_counters_and_labels_on_the_scrape(metrics_dir, clock):
     assert s[("continuum_resume_prompt_tokens_total", ())] == 800
     assert s[("continuum_resume_cached_tokens_total", ())] == 640
     assert s[("continuum_invalid_hints_total", ())] == 2
+    assert s[("continuum_block_shortages_total", ())] == 1
+    assert s[("continuum_pins_refused_total", ())] == 0
     assert s[("continuum_kv_pool_blocks", ())] == 63
     assert s[("continuum_ttl_seconds_bucket", (("le", "5.0"), ("tool", "web_search")))] == 1
     assert s[("continuum_ttl_seconds_bucket", (("le", "2.5"), ("tool", "web_search")))] == 0

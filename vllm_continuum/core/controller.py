@@ -63,6 +63,7 @@ class PinEvents(PinMakerEvents, ReleaseEvents, Protocol):
     def on_invalid_hints(self, count: int) -> None: ...
     def on_tool_duration(self, tool: str, seconds: float) -> None: ...
     def on_ttl_revisit(self, tool: str, more_s: float) -> None: ...
+    def on_blocks_short(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -179,6 +180,7 @@ class PinController:
         """An allocation failed for lack of blocks (before any pin is released):
         the pool is contested (`WorkloadModel.contested`)."""
         self.workload.blocks_short(self.now())
+        self.stats.on_blocks_short()
 
     def retry_with_pins_released(self, request: TurnRequest, retry: Callable[[], T | None],
                                  **allocation) -> T | None:

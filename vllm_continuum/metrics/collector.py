@@ -62,6 +62,7 @@ class Totals:
         self.resume_cached_tokens = 0
         self.invalid_hints = 0
         self.pins_refused = 0
+        self.block_shortages = 0
         self.affinity_misses = 0
         self.pin_outcomes_by_tool: Counter[tuple[str, str]] = Counter()
         self.expired_block_seconds_by_tool: Counter[str] = Counter()
@@ -82,6 +83,7 @@ class Totals:
         self.resume_cached_tokens += int(snap.get("resume_cached_tokens", 0))
         self.invalid_hints += int(snap.get("invalid_hints", 0))
         self.pins_refused += int(snap.get("pins_refused", 0))
+        self.block_shortages += int(snap.get("block_shortages", 0))
         self.affinity_misses += int(snap.get("affinity_misses", 0))
         for tool, outcome, count in snap.get("pin_outcomes_by_tool", ()):
             self.pin_outcomes_by_tool[(str(tool), str(outcome))] += int(count)
@@ -240,6 +242,13 @@ class ContinuumCollector:
             names.PINS_REFUSED,
             "Pins not made because they did not fit under max_pinned_fraction.",
             totals.pins_refused,
+        )
+        yield counter(
+            names.BLOCK_SHORTAGES,
+            "Allocations that failed for lack of free KV blocks, before any pin was released. "
+            "While one happened in the last 5 s the pool is contested: ttl_policy hazard then "
+            "prices a pin's memory (else it costs nothing).",
+            totals.block_shortages,
         )
         for name, doc, value in (
             (names.PINNED_BLOCKS, "Distinct KV blocks held by pins now.", round(totals.pinned_blocks, 6)),

@@ -50,6 +50,9 @@ class ContinuumStats:
     resume_cached_tokens: int = 0
     invalid_hints: int = 0
     pins_refused_by_cap: int = 0
+    # Allocations that failed for lack of free blocks, before any pin was
+    # released: while one is recent the pool is contested (hazard prices pins).
+    block_shortages: int = 0
     # Revisited TTLs (a revisable pin's TTL passed and its policy decided
     # again), by (tool label, "held" or "released").
     ttl_revisits: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -90,6 +93,10 @@ class ContinuumStats:
 
     def on_pin_refused(self, tool: str) -> None:
         self.pins_refused_by_cap += 1
+        self._changes += 1
+
+    def on_blocks_short(self) -> None:
+        self.block_shortages += 1
         self._changes += 1
 
     def on_release(self, pin: Pin, reason: ReleaseReason, now: float) -> None:
@@ -194,6 +201,7 @@ class ContinuumStats:
             "resume_cached_tokens": self.resume_cached_tokens,
             "invalid_hints": self.invalid_hints,
             "pins_refused": self.pins_refused_by_cap,
+            "block_shortages": self.block_shortages,
             "pin_outcomes_by_tool": [[t, o, n] for (t, o), n in self.pin_outcomes_by_tool.items()],
             "expired_block_seconds_by_tool": dict(self.expired_block_seconds_by_tool),
             "ttl_revisits": [[t, d, n] for (t, d), n in self.ttl_revisits.items()],
