@@ -18,7 +18,15 @@ def test_a_session_s_cpu_is_counted_and_the_client_s_apart():
     server = subprocess.Popen([sys.executable, "-c", BUSY.format(s=0.5)], start_new_session=True)
     try:
         from_start = CpuMeter(server.pid)
-        time.sleep(3)  # its burn is over (the meter only reads /proc: it takes no CPU meanwhile)
+        # Until its burn is over (on a loaded machine that takes longer than 0.5 s of
+        # wall time); the meter only reads /proc: it takes no CPU meanwhile.
+        deadline, last = time.monotonic() + 60, -1.0
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            used = sum(from_start.read()["server_s"].values())
+            if used >= 0.45 and used == last:  # burnt, and idle since the last look
+                break
+            last = used
         after_burn = CpuMeter(server.pid)
         t = time.process_time()
         while time.process_time() - t < 0.3:  # the "client" burns 0.3 s
@@ -33,7 +41,7 @@ def test_a_session_s_cpu_is_counted_and_the_client_s_apart():
     # os.times() counts in clock ticks (10 ms) and the meter rounds to 10 ms: the
     # 0.3 s burn may read 0.29 (seen in CI), never 0.25 or less.
     assert 0.25 < since["client_s"] < 1.0 and whole["client_s"] >= since["client_s"]
-    assert whole["wall_s"] >= 3 and whole["cores"] >= 1
+    assert whole["wall_s"] >= 0.5 and whole["cores"] >= 1
 
 
 def test_cores_used_splits_vllm_s_processes_by_role():
