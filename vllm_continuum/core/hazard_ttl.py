@@ -111,7 +111,7 @@ def best_horizon(
         if weight <= 0 or not (samples or beyond):
             continue
         start = bisect.bisect_right(samples, elapsed)
-        w = weight / (len(samples) + beyond)
+        w = _per_sample(weight, samples, beyond)
         ranges.append((samples, start, bisect.bisect_right(samples, limit, start), w))
         survivors += w * (len(samples) - start + beyond)
     if survivors <= 0:  # the call outlasted every recorded one: nothing is known
@@ -140,6 +140,11 @@ def best_horizon(
     return best_h
 
 
+def _per_sample(weight: float, samples: Sequence[float], beyond: int) -> float:
+    """A part's weight on each of its samples (and on each known to outlast the limit)."""
+    return weight / (len(samples) + beyond)
+
+
 class Merged:
     """Every sample of a mixture's parts with its weight, in the Python pass's
     order (a stable sort of the parts by weight, then of their samples by
@@ -152,7 +157,7 @@ class Merged:
 
     @classmethod
     def of(cls, parts: Sequence[tuple[float, Sequence[float], int]]) -> Merged:
-        kept = sorted(((weight / (len(samples) + beyond), samples) for weight, samples, beyond in parts
+        kept = sorted(((_per_sample(weight, samples, beyond), samples) for weight, samples, beyond in parts
                        if weight > 0 and samples), key=lambda part: part[0])
         if not kept:
             return cls(np.empty(0), np.empty(0))
