@@ -10,7 +10,8 @@ import yaml
 from tests.scheduler.test_sim import SMALL
 
 from continuum_lab.sim.matrix import (
-    CellSpec, MatrixSpec, cell_summary, load_matrix, merge_rows, render_matrix, run_matrix, targets_table,
+    CellSpec, MatrixSpec, cell_summary, load_matrix, merge_rows, render_matrix, run_matrix, select_rows,
+    targets_table,
 )
 
 
@@ -73,6 +74,16 @@ def test_runs_merge_into_one_matrix_only_when_they_agree():
     assert merge_rows([earlier, later]) == [*earlier, row("new", 4.0), row("stock", 9.0, seed=1)]
     with pytest.raises(SystemExit, match="not of the same code"):
         merge_rows([earlier, [row("stock", 10.5)]])
+
+
+def test_a_report_from_rows_keeps_the_policies_seeds_workloads_and_load_asked_for():
+    row = lambda cell, label, seed=0: {"cell": f"{cell} (0.3/s, 40 programs)", "seed": seed, "label": label}
+    rows = [row("ci-agent overload", "stock"), row("ci-agent heavy", "stock"), row("ci-agent heavy", "hazard"),
+            row("ci-agent-mixed heavy", "stock"), row("ci-agent heavy", "stock", seed=1)]
+    assert select_rows(rows) == rows
+    assert select_rows(rows, workloads=["ci-agent"], load="heavy") == [rows[1], rows[2], rows[4]]
+    assert select_rows(rows, policies=["stock"], seeds=[0], load="heavy") == [rows[1], rows[3]]
+    assert select_rows(rows, workloads=["ci-agent-mixed"], load="overload") == []
 
 
 def test_a_policy_run_apart_from_stock_is_judged_program_by_program():

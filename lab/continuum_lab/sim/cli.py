@@ -46,14 +46,13 @@ def _matrix(args: argparse.Namespace) -> int:
     from continuum_lab.sim.matrix import load_matrix, run_matrix
 
     if args.from_json:
-        from continuum_lab.sim.matrix import merge_rows, render_matrix
+        from continuum_lab.sim.matrix import merge_rows, render_matrix, select_rows
 
         rows = merge_rows([[json.loads(line) for line in path.read_text().splitlines() if line]
                            if path.suffix == ".jsonl" else json.loads(path.read_text())["rows"]
                            for path in args.from_json])
-        # Only these policies' and seeds' rows, if given (every policy must have every seed).
-        rows = [r for r in rows if (not args.policies or r["label"] in args.policies)
-                and (not args.seeds or r["seed"] in args.seeds)]
+        rows = select_rows(rows, policies=args.policies, seeds=args.seeds, workloads=args.only,
+                           load=args.load)
         return render_matrix(rows, args.out, command=command_line(), target_policy=args.targets,
                              publish=args.publish)
     spec = load_matrix(args.config)
@@ -137,7 +136,7 @@ def register(subparsers) -> None:
                    help="do not run: render the report of earlier runs' matrix.json (or the "
                         "rows.jsonl an interrupted run left) into --out "
                         "(several: their rows merged, e.g. a policy run later beside the rest; "
-                        "--policies and --seeds keep only those rows)")
+                        "--policies, --seeds, --only and --load keep only those rows)")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes running (cell, seed) tasks side by side (results do not depend on it)")
     publish_arg(p)

@@ -328,6 +328,18 @@ def judged_program_by_program(rows: list[dict]) -> list[dict]:
     return out
 
 
+def select_rows(rows: list[dict], *, policies: Sequence[str] | None = None,
+                seeds: Sequence[int] | None = None, workloads: Sequence[str] | None = None,
+                load: str | None = None) -> list[dict]:
+    """The rows of these policies, seeds, workloads and load (each: all if not
+    given). A row's cell reads "WORKLOAD LOAD (...)"; a report needs every
+    policy to have every seed."""
+    return [r for r in rows if (not policies or r["label"] in policies)
+            and (not seeds or r["seed"] in seeds)
+            and (not workloads or r["cell"].split()[0] in workloads)
+            and (not load or r["cell"].split()[1] == load)]
+
+
 def render_matrix(
     rows: list[dict], out_dir: Path, *, quick: bool = False, command: str = "",
     target_policy: str | None = None, footer: Sequence[str] = (), publish: str | None = None,
