@@ -142,7 +142,9 @@ def run_client(server, flavour, source, *, seed, command, cwd, env):
         output = process.communicate(timeout=300)[0]
     assert process.returncode == 0, output
     rows = usage_rows(server, session)
-    first, resumed = rows[0], next(r for r in rows if r["later"])
+    resumed = next((r for r in rows if r["later"]), None)
+    assert resumed is not None, f"no request of session {session} after the gate: {rows}\n{output[-3000:]}"
+    first = rows[0]
     check(flavour, server, source, session, first, resumed)
 
 
