@@ -78,6 +78,7 @@ class QueueRules:
         self.turn_bound = WaitingBound(config.max_turn_delay_s)  # keyed by place (program arrival)
         self.aging = WaitingBound(config.max_turn_aging_s)  # keyed by where a turn's aging counts from
         self._bounds = {WAITING_BOUND: self.bound, TURN_BOUND: self.turn_bound, AGING: self.aging}
+        self._bounds_on = tuple(b for b in self._bounds.values() if not b.off)  # (off: never due)
         self.level, self.now = level, now
         self._preempted = preempted_status
         self._requeue = requeue
@@ -176,7 +177,7 @@ class QueueRules:
         of those reads only its own bound's marks."""
         if bound is not None:
             return not self._bounds[bound].anyone_overdue(level, self.now())
-        return not anyone_overdue(self._bounds.values(), level, self.now())
+        return not anyone_overdue(self._bounds_on, level, self.now())
 
     def went_ahead(self, request: TurnRequest, turn: Turn | None = None) -> None:
         """It was admitted: every waiting request it passed starts its extra wait

@@ -102,4 +102,7 @@ class WaitingBound:
 def anyone_overdue(bounds: Iterable[WaitingBound], level: int, now: float) -> bool:
     """`WaitingBound.anyone_overdue` of any of `bounds`, in one call (the
     queue asks at every peek)."""
-    return any(bound.anyone_overdue(level, now) for bound in bounds)
+    for bound in bounds:  # (not any() over a generator: this runs at every peek)
+        if bound.anyone_overdue(level, now):
+            return True
+    return False

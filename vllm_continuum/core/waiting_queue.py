@@ -39,18 +39,21 @@ per scheduling step, so within a step the order does not drift either.)
 
 It speaks vLLM's `RequestQueue` protocol by duck typing and knows requests
 only through the functions it is given, so it is tested without vLLM.
-Removal is lazy (a heap entry is valid while its token is current): add,
-peek, pop, remove one and `requeue` are O(log n) amortized; reading the
-queue in order (`__iter__`, indexing) is O(n log n), and no step does it.
+Removal is lazy (an entry is valid while its token is current): add,
+peek, pop, remove one and `requeue` are O(log n) amortized, and O(1) for a
+request whose keys come in arrival order (`run_heap.py`: a new program's,
+one without a session); reading the queue in order (`__iter__`, indexing)
+is O(n log n), and no step does it.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from copy import copy as shallow_copy
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
+
+from vllm_continuum.core.run_heap import RunHeap
 
 R = TypeVar("R")
 
@@ -104,14 +107,14 @@ class LaneQueue(Generic[R]):
         self._tokens = itertools.count()
         self._ends = itertools.count(1)  # preempted lane: prepend < 0 < append
         self._members: dict[int, tuple[int, R, int]] = {}  # id -> (token, request, aging entries)
-        self._aged = 0  # members in the aging heaps
+        self._stale = 0  # entries of requests no longer queued (or queued anew)
         # Heap entries are flat tuples, (priority, lane, *key, token, request) and
         # per (bound, priority level) (*age key, token, request) of non-preempted
         # requests (the first is the first to be overdue): the same order as
         # nested keys (a lane's keys have one length), compared several times
         # faster at each push and pop. The token and request are always last.
-        self._heap: list[tuple] = []
-        self._aging: dict[tuple[int, int], list[tuple]] = {}
+        self._heap = RunHeap()
+        self._aging: dict[tuple[int, int], RunHeap] = {}
         self._peeked: R | None = None  # what the last peek returned, until a push or pop
 
     # --- vLLM RequestQueue protocol -------------------------------------
@@ -198,8 +201,8 @@ class LaneQueue(Generic[R]):
         """Every request, in the order pops would return them now (a copy is
         popped). O(n log n): for code that reads the queue, never per step."""
         copy = shallow_copy(self)
-        copy._members, copy._heap = dict(self._members), list(self._heap)
-        copy._aging = {k: list(v) for k, v in self._aging.items()}
+        copy._members, copy._heap = dict(self._members), self._heap.copy()
+        copy._aging = {k: v.copy() for k, v in self._aging.items()}
         copy._peeked = None
         return [copy.pop_request() for _ in range(len(self))]
 
@@ -222,14 +225,16 @@ class LaneQueue(Generic[R]):
                 if aging:
                     ages.append((AGING, (self._aging_from(request), enqueued)))
         for bound, age_key in ages:
-            heapq.heappush(self._aging.setdefault((bound, priority), []), (*age_key, token, request))
+            aging = self._aging.get((bound, priority))
+            if aging is None:
+                aging = self._aging[(bound, priority)] = RunHeap()
+            aging.push((*age_key, token, request))
         self._members[id(request)] = (token, request, len(ages))
-        self._aged += len(ages)
-        heapq.heappush(self._heap, (*key, token, request))
+        self._heap.push((*key, token, request))
 
     def _forget(self, request: R) -> None:
         self._peeked = None
-        self._aged -= self._members.pop(id(request))[2]
+        self._stale += 1 + self._members.pop(id(request))[2]  # its entries, lane and bounds
 
     def _valid(self, token: int, request: R) -> bool:
         member = self._members.get(id(request))
@@ -243,11 +248,13 @@ class LaneQueue(Generic[R]):
         program (a request without a session's program is itself); the oldest
         aged turn before later requests without a session."""
         heap, member = self._heap, self._members.get
-        while heap and member(id(heap[0][-1]), _GONE)[0] != heap[0][-2]:  # not `_valid`: inlined
-            heapq.heappop(heap)
-        if not heap:
+        first = heap.first()
+        while first is not None and member(id(first[-1]), _GONE)[0] != first[-2]:  # not `_valid`
+            heap.pop()
+            self._stale -= 1
+            first = heap.first()
+        if first is None:
             raise IndexError("peek from an empty queue")
-        first = heap[0]
         priority, lane, top = first[0], first[1], first[-1]
         if lane == PREEMPTED or self._none_due(None, priority):
             return top  # (nobody overdue or aged: the heap's order)
@@ -264,10 +271,15 @@ class LaneQueue(Generic[R]):
         return head
 
     def _first_aged(self, family: tuple[int, int]) -> R | None:
-        aging, member = self._aging.get(family), self._members.get
-        while aging and member(id(aging[0][-1]), _GONE)[0] != aging[0][-2]:  # not `_valid`: inlined
-            heapq.heappop(aging)
-        return aging[0][-1] if aging else None
+        aging = self._aging.get(family)
+        if aging is None:
+            return None
+        member, first = self._members.get, aging.first()
+        while first is not None and member(id(first[-1]), _GONE)[0] != first[-2]:  # not `_valid`
+            aging.pop()
+            self._stale -= 1
+            first = aging.first()
+        return first[-1] if first is not None else None
 
     def _overdue_first(self, family: tuple[int, int]) -> R | None:
         """The first request of this bound and priority level, if it is overdue."""
@@ -278,14 +290,12 @@ class LaneQueue(Generic[R]):
 
     def _compact(self) -> None:
         """Drop stale entries once they outnumber the live ones."""
-        stale = len(self._heap) + sum(map(len, self._aging.values())) - len(self._members) - self._aged
-        if stale > len(self._members) + 64:
-            self._heap = [e for e in self._heap if self._valid(e[-2], e[-1])]
-            heapq.heapify(self._heap)
+        if self._stale > len(self._members) + 64:
+            self._stale = 0
+            self._heap = RunHeap(e for e in self._heap if self._valid(e[-2], e[-1]))
             for family, aging in list(self._aging.items()):
-                kept = [e for e in aging if self._valid(e[-2], e[-1])]
+                kept = RunHeap(e for e in aging if self._valid(e[-2], e[-1]))
                 if kept:
-                    heapq.heapify(kept)
                     self._aging[family] = kept
                 else:
                     del self._aging[family]

@@ -1,0 +1,86 @@
+"""`RunHeap`: a priority queue like heapq, O(1) for entries that come in order."""
+
+from __future__ import annotations
+
+import functools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vllm_continuum.core.run_heap import RunHeap
+
+# An operation: push a key, or pop (None).
+ops = st.lists(st.one_of(st.none(), st.integers(-50, 50)), max_size=200)
+
+
+@given(ops, st.lists(st.integers(-50, 50), max_size=30))
+def test_it_pops_what_a_sorted_list_would(operations, initial):
+    heap, reference, token = RunHeap((k, i) for i, k in enumerate(initial)), [], len(initial)
+    reference = sorted((k, i) for i, k in enumerate(initial))
+    for op in operations:
+        if op is None:
+            if reference:
+                assert heap.first() == reference[0]
+                assert heap.pop() == reference.pop(0)
+            else:
+                assert heap.first() is None
+        else:
+            heap.push((op, token))  # entries are distinct: a token ends each
+            token += 1
+            reference.append((op, token - 1))
+            reference.sort()
+        assert len(heap) == len(reference) and bool(heap) == bool(reference)
+        assert sorted(heap) == reference
+    copy = heap.copy()
+    drained = [heap.pop() for _ in range(len(heap))]
+    assert drained == reference and len(copy) == len(reference)  # the copy is its own
+
+
+@functools.total_ordering
+class Counted:
+    """A key that counts the comparisons made of it."""
+
+    made = 0
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __eq__(self, other) -> bool:
+        Counted.made += 1
+        return self.value == other.value
+
+    def __lt__(self, other) -> bool:
+        Counted.made += 1
+        return self.value < other.value
+
+
+def comparisons(keys: list[int]) -> int:
+    """Comparisons made to push the keys, then pop them all, at every pop reading the first."""
+    Counted.made = 0
+    heap = RunHeap()
+    for k in keys:
+        heap.push(Counted(k))
+    while heap:
+        heap.first()
+        heap.pop()
+    return Counted.made
+
+
+def test_entries_in_order_cost_a_few_comparisons_each_whatever_their_number():
+    for n in (1_000, 10_000):
+        assert comparisons(list(range(n))) <= 2 * n
+    # Out of order, a heap's: O(log n) each.
+    n = 10_000
+    shuffled = [(i * 7919) % n for i in range(n)]
+    assert comparisons(shuffled) > 10 * n
+
+
+def test_a_mostly_ordered_stream_keeps_only_the_stragglers_in_the_heap():
+    heap = RunHeap()
+    for i in range(1_000):
+        heap.push((i, i))
+        if i % 100 == 99:
+            heap.push((i - 50, -i))  # a straggler: belongs among earlier entries
+    assert len(heap._heap) == 10 and len(heap) == 1_010
+    assert [heap.pop()[0] for _ in range(len(heap))] == sorted(
+        [i for i in range(1_000)] + [i - 50 for i in range(99, 1_000, 100)])
