@@ -55,3 +55,23 @@ def test_the_state_is_the_scenarios(report):
     assert ours["c"]["pinned_blocks"] >= report["results"]["c"]["10"]["n"]
     assert ours["d"]["max_pins_of_a_session"] >= 1
     assert ours["e"]["max_pins_of_a_session"] >= report["results"]["e"]["10"]["n"]
+
+
+def test_layers_break_our_cost_down_by_real_configurations(tiny_model_dir, tmp_path, capsys):
+    """`--layers`: our hooks alone, then with the lane queue, then as shipped, beside
+    stock in one run; each layer is a scheduler of its own configuration."""
+    from continuum_lab.sim.scale_bench import LAYERS
+
+    out = tmp_path / "layers.json"
+    assert main(["scale-bench", "--scenarios", "d", "--loads", "1", "--scale", "0.05", "--steps", "4",
+                 "--layers", "--model-dir", tiny_model_dir, "--out", str(out)]) == 0
+    run = json.loads(out.read_text())["results"]["d"]["1"]
+    assert set(run) >= set(LAYERS)
+    for name in LAYERS:
+        assert run[name]["aborted"] is None and run[name]["admitted"] >= 1, name
+    # The layers are what they say: pins only as shipped, our tables on every one of ours.
+    assert run["ours"]["state"]["pins"] >= 1
+    assert run["hooks"]["state"]["pins"] == run["queue"]["state"]["pins"] == 0
+    printed = capsys.readouterr().out
+    assert "where our cost goes" in printed and "adds us/request" in printed
+    assert "--layers" in json.loads(out.read_text())["command"]

@@ -16,6 +16,12 @@ every step sees the scenario's whole state. A scheduler that spends more than
 `--setup-budget` seconds building one scenario's state, or `--budget` seconds
 in its measured steps, is abandoned there ("exceeded budget"); what it measured
 until then is kept.
+
+`LAYERS` (`--layers`) breaks our cost down, side by side with stock in one
+run, by real configurations that each add one part: our hooks over vLLM's own
+queue with nothing pinned (`ttl_policy: never`, `queue_order: fcfs`, which
+schedules exactly as stock), then our lane queue (program admission), then
+the pins (as shipped).
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ from dataclasses import dataclass, field
 FILLER = 7  # a sampled token that is neither EOS nor <tool_call>
 SETTINGS = {"max_ttl_s": 3600.0}
 TOOL = {"continuum_tool": "t"}
+# The schedulers of a run, by name: None is vLLM's own, else ours with these settings.
+SIDES = {"ours": {}, "stock": None}
+LAYERS = {"stock": None, "hooks": {"ttl_policy": "never", "queue_order": "fcfs"},
+          "queue": {"ttl_policy": "never"}, "ours": {}}
 
 
 class BudgetExceeded(Exception):
@@ -85,6 +95,7 @@ class Side:
     aborted: str | None = None
     steps: list[float] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)
+    admitted: int = 0  # requests the measured steps admitted
     snapshots: list[float] = field(default_factory=list)
     setup_arrivals: deque = field(default_factory=lambda: deque(maxlen=1000))  # the last ones
     scripts: dict = field(default_factory=dict)
@@ -130,6 +141,7 @@ class Side:
         s.update_from_output(out, runner_out)
         if record:
             self.steps.append(t1 - t0 + clock() - t2)
+            self.admitted += len(out.scheduled_new_reqs)
 
     def _next_token(self, request) -> int:
         script = self.scripts.get(request.request_id)
@@ -212,7 +224,8 @@ SCENARIOS = [
 
 
 def _side(scn: Scenario, n: int, name: str, model_dir: str, budgets: dict, clock,
-          metrics_dir: str) -> Side:
+          metrics_dir: str, settings: dict | None = SIDES["ours"]) -> Side:
+    """The scheduler `name`: vLLM's own if `settings` is None, else ours with them."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from vllm_continuum.adapter.scheduler import ContinuumScheduler
@@ -222,9 +235,9 @@ def _side(scn: Scenario, n: int, name: str, model_dir: str, budgets: dict, clock
     from vllm_continuum.metrics.stats import ContinuumStats
 
     sizes = dict(block_size=16, max_model_len=4096, **scn.pool(n))
-    if name == "stock":
+    if settings is None:
         return Side(name, new_scheduler(Scheduler, model_dir, **sizes), block_hasher(16), budgets, clock)
-    cfg = load_config(use_env=False, **SETTINGS, **scn.settings)
+    cfg = load_config(use_env=False, **{**SETTINGS, **scn.settings, **settings})
     # Scenario e exports its snapshots as a server does (CONTINUUM_METRICS_DIR); the rest do not.
     stats = ContinuumStats(writer=SnapshotWriter(metrics_dir) if scn.key == "e" else None)
     ours = new_scheduler(ContinuumScheduler, model_dir, continuum_config=cfg, continuum_stats=stats, **sizes)
@@ -256,9 +269,11 @@ def _time_snapshots(side: Side, count: int) -> None:
 
 
 def run_scenario(scn: Scenario, n: int, model_dir: str, steps: int, budgets: dict,
-                 clock: Callable[[], float] = time.perf_counter, bar=None) -> dict:
-    """Both schedulers through the scenario at size n: its summary per scheduler.
-    budgets: seconds per scheduler for the setup and for the measured steps.
+                 clock: Callable[[], float] = time.perf_counter, bar=None,
+                 sides: dict[str, dict | None] = SIDES) -> dict:
+    """The schedulers (`sides`, default ours and stock) through the scenario at
+    size n: its summary per scheduler. budgets: seconds per scheduler for the
+    setup and for the measured steps.
 
     Each scheduler lives in its own (forked) process, so that each pays the
     garbage collections its own allocations cause, as it would alone in an
@@ -268,16 +283,16 @@ def run_scenario(scn: Scenario, n: int, model_dir: str, steps: int, budgets: dic
     ctx = multiprocessing.get_context("fork")
     workers = []
     try:
-        for name in ("ours", "stock"):
+        for name, settings in sides.items():
             mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(theirs, scn, n, name, model_dir, budgets, clock),
+            proc = ctx.Process(target=_serve, args=(theirs, scn, n, name, settings, model_dir, budgets, clock),
                                name=f"scale-bench-{name}", daemon=True)
             proc.start()
             workers.append((name, mine, proc))
         for _, conn, _ in workers:  # one after the other: setup is not measured, but budgeted
             _ask(conn, "setup")
         for i in range(steps):
-            order = workers if i % 2 == 0 else workers[::-1]
+            order = workers[i % len(workers):] + workers[:i % len(workers)]
             if not [_ask(conn, "step", i) for _, conn, _ in order].count(True):
                 break  # no side has anything left to do
             if bar is not None:
@@ -299,13 +314,14 @@ def _ask(conn, command: str, arg=None):
     return answer
 
 
-def _serve(conn, scn: Scenario, n: int, name: str, model_dir: str, budgets: dict, clock) -> None:
+def _serve(conn, scn: Scenario, n: int, name: str, settings: dict | None, model_dir: str,
+           budgets: dict, clock) -> None:
     """One scheduler's process: builds its state, then runs what the parent asks, in order."""
     import traceback
 
     with tempfile.TemporaryDirectory() as metrics_dir, _alarm_raises():
         try:
-            side = _side(scn, n, name, model_dir, budgets, clock, metrics_dir)
+            side = _side(scn, n, name, model_dir, budgets, clock, metrics_dir, settings)
             g = Gen(side.scheduler.structured_output_manager.tokenizer.get_vocab()["<tool_call>"])
         except Exception:  # noqa: BLE001  (reported to the parent, which raises it)
             conn.recv()
@@ -376,11 +392,13 @@ def _state(side: Side) -> dict:
 
 
 def _summary(side: Side) -> dict:
-    out = {"aborted": side.aborted, "seconds": {k: round(v, 2) for k, v in side.spent.items()}}
+    out = {"aborted": side.aborted, "seconds": {k: round(v, 2) for k, v in side.spent.items()},
+           "admitted": side.admitted}
     for name in ("steps", "arrivals", "snapshots", "setup_arrivals"):
         xs = sorted(getattr(side, name))
         if xs:
             pick = lambda q: xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]  # noqa: E731
-            out[name] = {"count": len(xs), **{k: round(pick(q) * 1e6, 1)
-                                              for k, q in (("p50_us", 0.5), ("p99_us", 0.99), ("max_us", 1.0))}}
+            out[name] = {"count": len(xs), "mean_us": round(sum(xs) / len(xs) * 1e6, 1),
+                         **{k: round(pick(q) * 1e6, 1)
+                            for k, q in (("p50_us", 0.5), ("p99_us", 0.99), ("max_us", 1.0))}}
     return out

@@ -9,6 +9,9 @@ neither scheduler ran out of its budget. Scenario e also times the metrics
 snapshot itself (ours only): its p50 may grow at most 1.2x as much as the pins
 (linear). Our p99 arrival against stock's at each load is printed, not gated
 (the target names the step).
+
+`--layers` also runs the configurations of `scale_bench.LAYERS` beside them
+and prints where our cost over stock goes, per request a step admits.
 """
 
 from __future__ import annotations
@@ -103,11 +106,41 @@ def table(results: dict, checks: dict) -> str:
     return "\n".join(lines)
 
 
+def layers_table(results: dict) -> str:
+    """Per scenario and load: each layer's mean and p99 step, and what it adds
+    over the layer before, per request the measured steps admitted (their mean):
+    only where both admitted as many (pins change who fits, as in c)."""
+    from continuum_lab.sim.scale_bench import LAYERS
+
+    head = (f"{'':3}{'load':>5} {'layer':6} | {'step us: mean':>13} {'p99':>8} | "
+            f"{'admitted/step':>13} | {'adds us/request':>15}")
+    lines = [head, "-" * len(head)]
+    for key, runs in results.items():
+        for load, run in runs.items():
+            before = None  # (mean step, admitted per step) of the layer before
+            for name in LAYERS:
+                r = run[name]
+                steps = r.get("steps")
+                if not steps:
+                    lines.append(f"{key:3}{load:>4}x {name:6} | {'-':>13} | {r['aborted'] or ''}")
+                    before = None
+                    continue
+                per_step = r["admitted"] / steps["count"]
+                adds = ""
+                if before is not None and per_step:
+                    same = abs(per_step - before[1]) <= 0.05 * per_step
+                    adds = f"{(steps['mean_us'] - before[0]) / per_step:.1f}" if same else "(admits differ)"
+                lines.append(f"{key:3}{load:>4}x {name:6} | {steps['mean_us']:>13.0f} {steps['p99_us']:>8.0f} | "
+                             f"{per_step:>13.1f} | {adds:>15}")
+                before = steps["mean_us"], per_step
+    return "\n".join(lines)
+
+
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from continuum_lab.sim.policies import sim_model_dir
-    from continuum_lab.sim.scale_bench import SCENARIOS, run_scenario
+    from continuum_lab.sim.scale_bench import LAYERS, SCENARIOS, SIDES, run_scenario
     from vllm_continuum.tools.tiny_model import build_tiny_model
 
     if args.quick:
@@ -115,7 +148,9 @@ def _run(args: argparse.Namespace) -> int:
         args.budget, args.setup_budget = min(args.budget, 10.0), min(args.setup_budget, 10.0)
     command = (f"vllm-continuum scale-bench --scenarios {' '.join(args.scenarios)} --loads "
                f"{' '.join(map(str, args.loads))} --scale {args.scale:g} --steps {args.steps} "
-               f"--budget {args.budget:g} --setup-budget {args.setup_budget:g} --clock {args.clock}")
+               f"--budget {args.budget:g} --setup-budget {args.setup_budget:g} --clock {args.clock}"
+               + (" --layers" if args.layers else ""))
+    sides = LAYERS if args.layers else SIDES
     budgets = {"setup": args.setup_budget, "steps": args.budget}
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
     model_dir = str(build_tiny_model(args.model_dir)) if args.model_dir else sim_model_dir(4096)
@@ -127,7 +162,7 @@ def _run(args: argparse.Namespace) -> int:
             for load in args.loads:
                 n = max(1, round(scn.base * load * args.scale))
                 bar.set_postfix_str(f"{scn.key} {load}x N={n}")
-                run = run_scenario(scn, n, model_dir, args.steps, budgets, clock, bar=bar)
+                run = run_scenario(scn, n, model_dir, args.steps, budgets, clock, bar=bar, sides=sides)
                 results.setdefault(scn.key, {})[load] = run
     checks = {key: check(runs) for key, runs in results.items()}
     print(f"\nvllm-continuum scale-bench: vLLM's Scheduler (stock) and ContinuumScheduler (ours), "
@@ -139,6 +174,10 @@ def _run(args: argparse.Namespace) -> int:
     print(f"target: p99 step within {RATIO}x stock + {SLACK_US:.0f} us at each load; p99 step and "
           f"arrival growth 1x->10x no worse than stock's (same allowance); within budget; "
           f"{sum(c['verdict'] == 'PASS' for c in checks.values())}/{len(checks)} scenarios pass")
+    if args.layers:
+        print(f"\nwhere our cost goes (layers: {', '.join(LAYERS)}; each adds one part over the one "
+              f"before, side by side in the same run):")
+        print(layers_table(results))
     print(f"reproduce: {command}")
     if args.out:
         report = {"command": command, "steps": args.steps, "budgets_s": budgets, "clock": args.clock,
@@ -173,6 +212,9 @@ def register(subparsers) -> None:
                    help="wall: time.perf_counter (default); cpu: the thread's CPU time, which "
                         "other processes on shared cores do not inflate")
     p.add_argument("--quick", action="store_true", help="a tenth of the sizes, 60 steps, 10 s budgets")
+    p.add_argument("--layers", action="store_true",
+                   help="also run our hooks alone (ttl_policy never, queue_order fcfs) and with our "
+                        "lane queue (ttl_policy never), and print what each part adds per request")
     p.add_argument("--model-dir", type=Path,
                    help="the tiny model (built if missing; default: the simulator's, in ~/.cache)")
     p.add_argument("--out", type=Path, help="also write the results as JSON")
