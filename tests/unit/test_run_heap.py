@@ -75,6 +75,11 @@ def test_entries_in_order_cost_a_few_comparisons_each_whatever_their_number():
     assert comparisons(shuffled) > 10 * n
 
 
+def test_entries_before_the_first_are_prepended_in_o1():
+    """A preempted request put back at the front comes before every queued one."""
+    assert comparisons(list(range(10_000, 0, -1))) <= 4 * 10_000
+
+
 def test_a_mostly_ordered_stream_keeps_only_the_stragglers_in_the_heap():
     heap = RunHeap()
     for i in range(1_000):

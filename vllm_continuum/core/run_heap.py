@@ -4,9 +4,10 @@ The queues of a scheduler are first come, first served at heart: a new
 request's key is mostly no smaller than any queued before it (it arrived
 last), and the first entry is the one taken. A binary heap pays O(log n)
 comparisons of its (long, tuple) entries at every push and pop for that.
-`RunHeap` keeps the entries that come in order in a run (a deque, appended
-and taken from the front in O(1)) and only the others in a heap; its first
-entry is the smaller of the two fronts.
+`RunHeap` keeps the entries that come in order in a run (a sorted deque:
+an entry past its last is appended, one before its first, such as a
+preempted request put back at the front, is prepended, both in O(1)) and
+only the others in a heap; its first entry is the smaller of the two fronts.
 
 Push: O(1) in order, else O(log h); pop: O(1) from the run, else O(log h);
 h is the number of entries that came out of order. Entries must be totally
@@ -32,6 +33,8 @@ class RunHeap:
         run = self._run
         if not run or entry > run[-1]:
             run.append(entry)
+        elif entry < run[0]:
+            run.appendleft(entry)
         else:
             heapq.heappush(self._heap, entry)
 
