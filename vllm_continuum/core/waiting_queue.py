@@ -247,12 +247,7 @@ class LaneQueue(Generic[R]):
         first overdue one with the turn bound before every request of a later
         program (a request without a session's program is itself); the oldest
         aged turn before later requests without a session."""
-        heap, member = self._heap, self._members.get
-        first = heap.first()
-        while first is not None and member(id(first[-1]), _GONE)[0] != first[-2]:  # not `_valid`
-            heap.pop()
-            self._stale -= 1
-            first = heap.first()
+        first = self._live_first(self._heap)
         if first is None:
             raise IndexError("peek from an empty queue")
         priority, lane, top = first[0], first[1], first[-1]
@@ -272,14 +267,18 @@ class LaneQueue(Generic[R]):
 
     def _first_aged(self, family: tuple[int, int]) -> R | None:
         aging = self._aging.get(family)
-        if aging is None:
-            return None
-        member, first = self._members.get, aging.first()
-        while first is not None and member(id(first[-1]), _GONE)[0] != first[-2]:  # not `_valid`
-            aging.pop()
-            self._stale -= 1
-            first = aging.first()
+        first = self._live_first(aging) if aging is not None else None
         return first[-1] if first is not None else None
+
+    def _live_first(self, heap: RunHeap) -> tuple | None:
+        """The first entry of `heap` whose request is still queued there (the
+        stale ones before it are dropped)."""
+        member, first = self._members.get, heap.first()
+        while first is not None and member(id(first[-1]), _GONE)[0] != first[-2]:  # not `_valid`: inlined
+            heap.pop()
+            self._stale -= 1
+            first = heap.first()
+        return first
 
     def _overdue_first(self, family: tuple[int, int]) -> R | None:
         """The first request of this bound and priority level, if it is overdue."""
