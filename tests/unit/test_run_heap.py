@@ -30,7 +30,7 @@ def test_it_pops_what_a_sorted_list_would(operations, initial):
             reference.append((op, token - 1))
             reference.sort()
         assert len(heap) == len(reference) and bool(heap) == bool(reference)
-        assert sorted(heap) == reference
+        assert sorted(heap) == reference == list(heap.in_order())
     copy = heap.copy()
     drained = [heap.pop() for _ in range(len(heap))]
     assert drained == reference and len(copy) == len(reference)  # the copy is its own
@@ -78,6 +78,21 @@ def test_entries_in_order_cost_a_few_comparisons_each_whatever_their_number():
 def test_entries_before_the_first_are_prepended_in_o1():
     """A preempted request put back at the front comes before every queued one."""
     assert comparisons(list(range(10_000, 0, -1))) <= 4 * 10_000
+
+
+def test_reading_the_first_entries_in_order_costs_only_them():
+    """`in_order` is lazy: the first k of n entries cost O(k log k) comparisons."""
+    n = 10_000
+    heap = RunHeap()
+    for i in range(0, n, 2):
+        heap.push(Counted(i))  # in order: the run
+    for i in range(n // 2):
+        heap.push(Counted(2 * ((i * 7919) % (n // 2)) + 1))  # odd ones, shuffled: the heap
+    assert len(heap._run) > n // 3 and len(heap._heap) > n // 3
+    Counted.made = 0
+    first = [c.value for _, c in zip(range(10), heap.in_order())]
+    assert first == list(range(10)) and Counted.made < 300
+    assert len(heap) == n  # nothing taken
 
 
 def test_a_mostly_ordered_stream_keeps_only_the_stragglers_in_the_heap():

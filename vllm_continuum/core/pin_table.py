@@ -17,7 +17,6 @@ each pin their ids.
 
 from __future__ import annotations
 
-import heapq
 import math
 import itertools
 from collections import Counter
@@ -25,6 +24,8 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
+
+from vllm_continuum.core.run_heap import RunHeap
 
 
 _NO_REFS: Counter = Counter()  # a session without pins (read only)
@@ -137,14 +138,16 @@ class PinTable:
         self._session_refs: dict[str, Counter[int]] = {}  # the same, per session
         # (expires_at, seq, request id): a lazy heap, so that the per-step
         # expiry check is O(1) when nothing is due. Stale entries are skipped.
-        self._deadlines: list[tuple[float, int, str]] = []
+        # RunHeaps: a pin of the newest program, or one of the usual TTL, is
+        # pushed in O(1) (run_heap.py).
+        self._deadlines = RunHeap()
         # (*order key, seq, request id), lazy heaps: release order (latest
         # program first), oldest program first, and by contested TTL. Entries
         # are flat tuples (compared several times faster than nested keys, in
         # the same order), seq and request id always last.
-        self._release: list[tuple[float, int, int, str]] = []
-        self._oldest: list[tuple[float, int, int, str]] = []
-        self._contested: list[tuple[float, int, str]] = []
+        self._release = RunHeap()
+        self._oldest = RunHeap()
+        self._contested = RunHeap()
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -216,11 +219,11 @@ class PinTable:
         blocks = pin.block_id_set
         _increment(self._refs, blocks)
         _increment(_inner(self._session_refs, session, Counter), blocks)
-        heapq.heappush(self._deadlines, (pin.expires_at, pin.seq, pin.request_id))
-        heapq.heappush(self._release, (-pin.program_arrival, -pin.seq, pin.seq, pin.request_id))
-        heapq.heappush(self._oldest, (pin.program_arrival, pin.seq, pin.seq, pin.request_id))
+        self._deadlines.push((pin.expires_at, pin.seq, pin.request_id))
+        self._release.push((-pin.program_arrival, -pin.seq, pin.seq, pin.request_id))
+        self._oldest.push((pin.program_arrival, pin.seq, pin.seq, pin.request_id))
         if pin.contested_at != math.inf:
-            heapq.heappush(self._contested, (pin.contested_at, pin.seq, pin.request_id))
+            self._contested.push((pin.contested_at, pin.seq, pin.request_id))
 
     def remove(self, pin: Pin) -> bool:
         """Forget `pin`; False if it was not (or no longer) in the table."""
@@ -285,8 +288,8 @@ class PinTable:
         """Pins whose TTL has passed, soonest first (they stay in the table)."""
         due: list[Pin] = []
         heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            _, seq, request_id = heapq.heappop(heap)
+        while (first := heap.first()) is not None and first[0] <= now:
+            _, seq, request_id = heap.pop()
             pin = self._live(seq, request_id)
             if pin is not None:
                 due.append(pin)
@@ -295,7 +298,7 @@ class PinTable:
     def requeue(self, pin: Pin) -> None:
         """Report an expired pin again at the next check (its grace step)."""
         if self.holds(pin):
-            heapq.heappush(self._deadlines, (pin.expires_at, pin.seq, pin.request_id))
+            self._deadlines.push((pin.expires_at, pin.seq, pin.request_id))
 
     def release_order(self) -> Iterator[Pin]:
         """Pins in the order pressure releases them: latest-arriving program
@@ -311,17 +314,11 @@ class PinTable:
         """Pins that have a contested TTL, the earliest first (lazy)."""
         return self._walk(self._contested)
 
-    def _walk(self, heap: list) -> Iterator[Pin]:
-        """A heap's live entries in order without popping it: a frontier of
-        the nodes whose parents were read."""
-        frontier = [(heap[0], 0)] if heap else []
-        while frontier:
-            entry, i = heapq.heappop(frontier)
-            seq, request_id = entry[-2], entry[-1]
-            for child in (2 * i + 1, 2 * i + 2):
-                if child < len(heap):
-                    heapq.heappush(frontier, (heap[child], child))
-            pin = self._live(seq, request_id)
+    def _walk(self, heap: RunHeap) -> Iterator[Pin]:
+        """A heap's live pins in order, without popping it (lazily: a walk is
+        read only while no pin is added or removed)."""
+        for entry in heap.in_order():
+            pin = self._live(entry[-2], entry[-1])
             if pin is not None:
                 yield pin
 
@@ -331,10 +328,10 @@ class PinTable:
 
     def _compact(self) -> None:
         """Drop stale heap entries once they outnumber the live ones."""
-        for heap in (self._deadlines, self._release, self._oldest, self._contested):
+        for name in ("_deadlines", "_release", "_oldest", "_contested"):
+            heap = getattr(self, name)
             if len(heap) > 4 * len(self._pins) + 64:
-                heap[:] = [e for e in heap if self._live(e[-2], e[-1]) is not None]
-                heapq.heapify(heap)
+                setattr(self, name, RunHeap(e for e in heap if self._live(e[-2], e[-1]) is not None))
 
 
 def _seq(pin: Pin) -> int:

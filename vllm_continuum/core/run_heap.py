@@ -52,6 +52,13 @@ class RunHeap:
             return heapq.heappop(heap)
         return run.popleft()
 
+    def in_order(self) -> Iterator:
+        """Every entry, smallest first, without taking any: lazy, the first k
+        cost O(k log k) however many there are (the heap is read as a tree,
+        from a frontier of the nodes whose parents were read). The run and
+        the heap must not change while it is read."""
+        return heapq.merge(self._run, _walk(self._heap))
+
     def copy(self) -> RunHeap:
         other = RunHeap()
         other._run, other._heap = deque(self._run), list(self._heap)
@@ -67,3 +74,14 @@ class RunHeap:
         """Every entry, in no particular order."""
         yield from self._run
         yield from self._heap
+
+
+def _walk(heap: list) -> Iterator:
+    """A heap's entries in order, without popping it."""
+    frontier = [(heap[0], 0)] if heap else []
+    while frontier:
+        entry, i = heapq.heappop(frontier)
+        for child in (2 * i + 1, 2 * i + 2):
+            if child < len(heap):
+                heapq.heappush(frontier, (heap[child], child))
+        yield entry
