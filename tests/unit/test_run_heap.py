@@ -104,3 +104,14 @@ def test_a_mostly_ordered_stream_keeps_only_the_stragglers_in_the_heap():
     assert len(heap._heap) == 10 and len(heap) == 1_010
     assert [heap.pop()[0] for _ in range(len(heap))] == sorted(
         [i for i in range(1_000)] + [i - 50 for i in range(99, 1_000, 100)])
+
+
+@given(st.lists(st.integers(-50, 50), max_size=200))
+def test_keep_drops_what_is_gone_and_the_rest_pops_in_order(keys):
+    heap = RunHeap()
+    for token, k in enumerate(keys):
+        heap.push((k, token))
+    heap.keep(lambda e: e[1] % 3 != 0)
+    kept = sorted((k, t) for t, k in enumerate(keys) if t % 3 != 0)
+    assert list(heap.in_order()) == kept
+    assert [heap.pop() for _ in range(len(heap))] == kept

@@ -328,10 +328,9 @@ class PinTable:
 
     def _compact(self) -> None:
         """Drop stale heap entries once they outnumber the live ones."""
-        for name in ("_deadlines", "_release", "_oldest", "_contested"):
-            heap = getattr(self, name)
+        for heap in (self._deadlines, self._release, self._oldest, self._contested):
             if len(heap) > 4 * len(self._pins) + 64:
-                setattr(self, name, RunHeap(e for e in heap if self._live(e[-2], e[-1]) is not None))
+                heap.keep(lambda e: self._live(e[-2], e[-1]) is not None)
 
 
 def _seq(pin: Pin) -> int:

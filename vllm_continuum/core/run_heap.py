@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 
 class RunHeap:
@@ -58,6 +58,12 @@ class RunHeap:
         from a frontier of the nodes whose parents were read). The run and
         the heap must not change while it is read."""
         return heapq.merge(self._run, _walk(self._heap))
+
+    def keep(self, live: Callable[[object], bool]) -> None:
+        """Drop the entries `live` says are gone: O(n), the run stays sorted."""
+        self._run = deque(e for e in self._run if live(e))
+        self._heap = [e for e in self._heap if live(e)]
+        heapq.heapify(self._heap)
 
     def copy(self) -> RunHeap:
         other = RunHeap()

@@ -291,10 +291,9 @@ class LaneQueue(Generic[R]):
         """Drop stale entries once they outnumber the live ones."""
         if self._stale > len(self._members) + 64:
             self._stale = 0
-            self._heap = RunHeap(e for e in self._heap if self._valid(e[-2], e[-1]))
+            live = lambda e: self._valid(e[-2], e[-1])  # noqa: E731
+            self._heap.keep(live)
             for family, aging in list(self._aging.items()):
-                kept = RunHeap(e for e in aging if self._valid(e[-2], e[-1]))
-                if kept:
-                    self._aging[family] = kept
-                else:
+                aging.keep(live)
+                if not aging:
                     del self._aging[family]

@@ -224,7 +224,7 @@ SCENARIOS = [
 
 
 def _side(scn: Scenario, n: int, name: str, model_dir: str, budgets: dict, clock,
-          metrics_dir: str, settings: dict | None = SIDES["ours"]) -> Side:
+          metrics_dir: str, settings: dict | None) -> Side:
     """The scheduler `name`: vLLM's own if `settings` is None, else ours with them."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
