@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from tests.scheduler.test_sim import SMALL, _run
 
+from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
 from vllm_continuum.core.pin_value import PoolState
 from continuum_lab.sim.driver import SimClock
-from continuum_lab.sim.policies import CANDIDATES, build_scheduler
+from continuum_lab.sim.policies import CANDIDATES, HAZARD_CONSTANTS, build_scheduler
 from continuum_lab.workload_spec import load_spec
 
 
@@ -34,3 +35,16 @@ def test_every_candidate_completes_every_turn(policy, profile_path):
     run = _run(trace, policy, profile_path)
     assert len(run.turns) == sum(len(p.turns) for p in trace)
     assert sum(run.meta["continuum_stats"]["resumes_by_outcome"].values()) > 0
+
+
+@pytest.mark.parametrize("label", sorted(HAZARD_CONSTANTS))
+def test_hazard_constant_labels_change_only_their_constant(label, profile_path):
+    built = build_scheduler(label, SMALL, SimClock(), prefill_profile_path=profile_path)
+    policy = built.scheduler.continuum.maker.ttl_policy
+    shipped = build_scheduler("hazard", SMALL, SimClock(), prefill_profile_path=profile_path)
+    reference = shipped.scheduler.continuum.maker.ttl_policy
+    assert isinstance(policy, HazardTTLPolicy) and policy.max_ttl_s == reference.max_ttl_s
+    for name in ("prior_samples", "idle_cost", "revisit_s"):
+        expected = HAZARD_CONSTANTS[label].get(name, getattr(reference, name))
+        assert getattr(policy, name) == expected, name
+    assert policy.benefit_s(40_000) == reference.benefit_s(40_000)  # the same prefill profile

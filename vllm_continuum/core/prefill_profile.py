@@ -86,6 +86,11 @@ class PrefillProfile:
         Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
 
     @classmethod
+    def load_or_default(cls, path: Path | str | None) -> PrefillProfile:
+        """The profile at `path`, or the unprofiled default when there is none."""
+        return cls.load(path) if path else cls()
+
+    @classmethod
     def load(cls, path: Path | str) -> PrefillProfile:
         data = yaml.safe_load(Path(path).read_text())
         try:

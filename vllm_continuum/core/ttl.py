@@ -271,9 +271,7 @@ def make_ttl_policy(config: ContinuumConfig, workload: WorkloadModel) -> TTLPoli
         return ForeverTTLPolicy(config.max_ttl_s)
     if config.ttl_policy == "fixed":
         return FixedTTLPolicy(config.default_ttl_s, config.tool_ttl_s, config.max_ttl_s)
-    profile = (
-        PrefillProfile.load(config.prefill_profile) if config.prefill_profile else PrefillProfile()
-    )
+    profile = PrefillProfile.load_or_default(config.prefill_profile)
     if config.ttl_policy == "hazard":
         from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
 

@@ -100,7 +100,7 @@ def oracle_policy_factory(
         if mode != "eq2":
             return OracleTTLPolicy(durations, slack_s=cost.max_step_s(), mode=mode,
                                    cap_s=config.max_ttl_s)
-        profile = PrefillProfile.load(prefill_profile_path) if prefill_profile_path else PrefillProfile()
+        profile = PrefillProfile.load_or_default(prefill_profile_path)
 
         def benefit(turn: TurnEnd) -> float:
             return max(0.0, workload.mean_queueing_delay_s * workload.eta

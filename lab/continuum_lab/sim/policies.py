@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_continuum.config import ContinuumConfig, load_config
+from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
+from vllm_continuum.core.prefill_profile import PrefillProfile
+from vllm_continuum.core.ttl import TTLPolicy
+from vllm_continuum.core.workload import WorkloadModel
 from continuum_lab.shipped_before import CAPPED as CAPPED_SETTINGS
 from continuum_lab.shipped_before import DEMAND as DEMAND_SETTINGS
 from continuum_lab.shipped_before import PRESSURE as PRESSURE_SETTINGS
@@ -113,9 +117,24 @@ SLOW_TOOLS: dict[str, dict[str, str]] = {
                         "TOOL_TTL_S": json.dumps({t: 0 for t in SLOW_TOOL_NAMES})},
     "oracle-program": {"TTL_POLICY": "never"},
     "oracle-cap-program": {"TTL_POLICY": "never"},
+    # Approvals (20-120 s) held for h seconds whatever happens, the rest as
+    # `forever`: the rules that hold by elapsed time alone, between never (0)
+    # and the cap (30).
+    **{f"hold-approval-{h}": {"TTL_POLICY": "fixed", "DEFAULT_TTL_S": "100000",
+                              "TOOL_TTL_S": json.dumps({"approval": int(h)})}
+       for h in ("20", "25")},
     "forever-ttl": {"TTL_POLICY": "forever"},  # what shipped until `hazard` did
     "hazard": {"TTL_POLICY": "hazard"},
 }
+
+# `hazard` with one of its constants changed (HazardTTLPolicy's keyword ->
+# value): the all-tools prior's pseudo-samples (3) and the price of a second
+# of contested memory (0.02), the rows that chose them.
+HAZARD_CONSTANTS: dict[str, dict[str, float]] = {
+    "hazard-prior-1": {"prior_samples": 1.0},
+    **{f"hazard-price-{c}": {"idle_cost": float(c)} for c in ("0.05", "0.1", "0.3", "1.0")},
+}
+SLOW_TOOLS |= {name: {"TTL_POLICY": "hazard"} for name in HAZARD_CONSTANTS}
 
 # Baseline label -> its TTL policy ("oracle*" get an oracle TTL policy, oracle.py).
 BASELINES = {"continuum": "continuum", "fixed": "fixed", "forever": "forever",
@@ -135,6 +154,17 @@ POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
     for name, base in PINNING.items()
     for label, settings in pressure_variants(name, base, "PRESSURE_POLICY").items()
 }
+
+
+def hazard_policy_factory(constants: dict[str, float]) -> Callable[[ContinuumConfig, WorkloadModel], TTLPolicy]:
+    """The scheduler's TTL policy factory (`continuum_ttl_policy=`) for a
+    HAZARD_CONSTANTS label: `hazard` as the config builds it, with `constants`."""
+
+    def make(config: ContinuumConfig, workload: WorkloadModel) -> TTLPolicy:
+        profile = PrefillProfile.load_or_default(config.prefill_profile)
+        return HazardTTLPolicy(workload, profile, config.max_ttl_s, **constants)
+
+    return make
 
 
 def sim_config(settings: dict[str, str]) -> ContinuumConfig:
@@ -202,6 +232,9 @@ def build_scheduler(
         # No metrics export from a simulation: a stats object without a writer.
         extra = {"continuum_config": sim_config(settings), "continuum_clock": clock,
                  "continuum_stats": stats or ContinuumStats(writer=None)}
+        constants = next((c for n, c in HAZARD_CONSTANTS.items() if policy in (n, f"{n}-yield", f"{n}-hold")), None)
+        if constants is not None:
+            extra["continuum_ttl_policy"] = hazard_policy_factory(constants)
         if policy.startswith("oracle"):
             assert oracle_durations is not None
             mode = next((m for m in ("eq2", "cap") if policy.startswith(f"oracle-{m}")), "always")
