@@ -60,6 +60,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.durations import ToolDurations
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.running_calls import LATE_RETURN_S
@@ -216,6 +217,15 @@ class HazardTTLPolicy(TTLPolicy):
         # were merged from: rebuilt once a duration or a late call is recorded,
         # so the decisions between two of those (a busy step's) share one merge.
         self._merged: dict[str, tuple[tuple, Merged]] = {}
+
+    @classmethod
+    def from_config(
+        cls, config: ContinuumConfig, workload: WorkloadModel, **constants: float
+    ) -> HazardTTLPolicy:
+        """The rule `ttl_policy: hazard` builds; `constants` change its keyword
+        constants (the simulator's `hazard-prior-*` / `hazard-price-*` labels)."""
+        profile = PrefillProfile.load_or_default(config.prefill_profile)
+        return cls(workload, profile, config.max_ttl_s, **constants)
 
     def profile_note(self, max_model_len: int) -> str | None:
         return self.profile.clamp_note(max_model_len)

@@ -271,11 +271,11 @@ def make_ttl_policy(config: ContinuumConfig, workload: WorkloadModel) -> TTLPoli
         return ForeverTTLPolicy(config.max_ttl_s)
     if config.ttl_policy == "fixed":
         return FixedTTLPolicy(config.default_ttl_s, config.tool_ttl_s, config.max_ttl_s)
-    profile = PrefillProfile.load_or_default(config.prefill_profile)
     if config.ttl_policy == "hazard":
         from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
 
-        return HazardTTLPolicy(workload, profile, config.max_ttl_s)
+        return HazardTTLPolicy.from_config(config, workload)
+    profile = PrefillProfile.load_or_default(config.prefill_profile)
     return ContinuumTTLPolicy(
         workload, profile, config.cold_start_samples, config.max_ttl_s,
         prior_samples=config.prior_samples if config.duration_estimator == "shrunk" else None,

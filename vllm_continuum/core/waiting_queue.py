@@ -236,9 +236,10 @@ class LaneQueue(Generic[R]):
         self._peeked = None
         self._stale += 1 + self._members.pop(id(request))[2]  # its entries, lane and bounds
 
-    def _valid(self, token: int, request: R) -> bool:
-        member = self._members.get(id(request))
-        return member is not None and member[0] == token
+    def _live_entry(self, entry: tuple) -> bool:
+        """Whether a heap entry (..., token, request) is still queued."""
+        member = self._members.get(id(entry[-1]))
+        return member is not None and member[0] == entry[-2]
 
     def _head(self) -> R:
         """The heap's first, unless a request whose bound passed goes first:
@@ -274,7 +275,7 @@ class LaneQueue(Generic[R]):
         """The first entry of `heap` whose request is still queued there (the
         stale ones before it are dropped)."""
         member, first = self._members.get, heap.first()
-        while first is not None and member(id(first[-1]), _GONE)[0] != first[-2]:  # not `_valid`: inlined
+        while first is not None and member(id(first[-1]), _GONE)[0] != first[-2]:  # not `_live_entry`: inlined
             heap.pop()
             self._stale -= 1
             first = heap.first()
@@ -291,9 +292,8 @@ class LaneQueue(Generic[R]):
         """Drop stale entries once they outnumber the live ones."""
         if self._stale > len(self._members) + 64:
             self._stale = 0
-            live = lambda e: self._valid(e[-2], e[-1])  # noqa: E731
-            self._heap.keep(live)
+            self._heap.keep(self._live_entry)
             for family, aging in list(self._aging.items()):
-                aging.keep(live)
+                aging.keep(self._live_entry)
                 if not aging:
                     del self._aging[family]

@@ -13,13 +13,11 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
-from vllm_continuum.core.prefill_profile import PrefillProfile
-from vllm_continuum.core.ttl import TTLPolicy
-from vllm_continuum.core.workload import WorkloadModel
 from continuum_lab.shipped_before import CAPPED as CAPPED_SETTINGS
 from continuum_lab.shipped_before import DEMAND as DEMAND_SETTINGS
 from continuum_lab.shipped_before import PRESSURE as PRESSURE_SETTINGS
@@ -156,17 +154,6 @@ POLICIES: dict[str, tuple[bool, dict[str, str]]] = {
 }
 
 
-def hazard_policy_factory(constants: dict[str, float]) -> Callable[[ContinuumConfig, WorkloadModel], TTLPolicy]:
-    """The scheduler's TTL policy factory (`continuum_ttl_policy=`) for a
-    HAZARD_CONSTANTS label: `hazard` as the config builds it, with `constants`."""
-
-    def make(config: ContinuumConfig, workload: WorkloadModel) -> TTLPolicy:
-        profile = PrefillProfile.load_or_default(config.prefill_profile)
-        return HazardTTLPolicy(workload, profile, config.max_ttl_s, **constants)
-
-    return make
-
-
 def sim_config(settings: dict[str, str]) -> ContinuumConfig:
     """A scheduler's config from CONTINUUM_*-style settings ({"TTL_POLICY": "never"},
     JSON for mappings and lists), independent of the process environment."""
@@ -234,7 +221,7 @@ def build_scheduler(
                  "continuum_stats": stats or ContinuumStats(writer=None)}
         constants = next((c for n, c in HAZARD_CONSTANTS.items() if policy in (n, f"{n}-yield", f"{n}-hold")), None)
         if constants is not None:
-            extra["continuum_ttl_policy"] = hazard_policy_factory(constants)
+            extra["continuum_ttl_policy"] = partial(HazardTTLPolicy.from_config, **constants)
         if policy.startswith("oracle"):
             assert oracle_durations is not None
             mode = next((m for m in ("eq2", "cap") if policy.startswith(f"oracle-{m}")), "always")
