@@ -291,7 +291,8 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
             d.run_until_finished(other)
         assert s.continuum.pins.holds(pin)
     assert s.continuum.workload.durations.num_samples == durations
-    assert len(s.continuum.workload.programs) == 0
+    assert pin.program in s.continuum.programs and pin.program.turns == 1  # A's program lives on
+    assert len(s.continuum.workload.programs) == 1  # the stranger's last turn ended its own
     assert s.continuum.stats.releases_by_reason == {}
 
     # The session's real next turn still takes its pin over and is measured.
@@ -318,13 +319,14 @@ def test_a_flood_of_session_ids_cannot_make_a_stranger_the_session(build):
     for i in range(200):
         flood = d.add(make_request(tokens(10_000 + i, 20), session=f"flood-{i}", max_tokens=4))
         s.finish_requests(flood.request_id, RequestStatus.FINISHED_ABORTED)
-    assert len(s.continuum.sessions) <= 8
-    s.continuum.sessions.end_program("A")  # and were A forgotten anyway: the pin decides
+    assert len(s.continuum.programs) <= 8
+    for program in s.continuum.programs.of_session("A"):  # and were A forgotten anyway: the pin decides
+        s.continuum.programs.end(program)
     guess = make_request(tokens(888, 80), session="A", max_tokens=4,
                          xargs={"continuum_last_turn": 1})
     d.add(guess, answer_script())
     d.run_until_finished(guess)
-    assert s.continuum.pins.holds(pin) and len(s.continuum.workload.programs) == 0
+    assert s.continuum.pins.holds(pin) and pin.program.turns == 1
     t2 = d.add(next_turn(t1), answer_script())
     assert s.continuum.queue.queue_key(t2)[1] == pin.program_arrival  # the program's place
     assert admitted_hit(d, t2) >= (t1.num_prompt_tokens // BLOCK_SIZE - 1) * BLOCK_SIZE

@@ -42,6 +42,9 @@ class Program:
     turns: int
     prompt: list[int]
     pause: int = 3  # steps its tool takes
+    decode: int = 6  # tokens a turn decodes before its tool call (or answer)
+    grows: bool = True  # each turn's prompt extends the last one's context (else: the same prompt)
+    xargs: dict | None = None  # hints sent with every turn
     turn: int = 0
     live: object = None
     paused: int = 0
@@ -62,10 +65,10 @@ class Agents:
 
     def _send(self, p: Program) -> None:
         last = p.turns is not None and p.turn == p.turns - 1
-        script = ([FILLER_TOKEN] * 6 + ([EOS_TOKEN_ID] if last
-                                        else [self.tool_token, FILLER_TOKEN, EOS_TOKEN_ID]))
-        xargs = {"continuum_last_turn": True} if last else None
-        p.live = make_request(p.prompt, session=p.name, max_tokens=16, xargs=xargs)
+        script = ([FILLER_TOKEN] * p.decode + ([EOS_TOKEN_ID] if last
+                                               else [self.tool_token, FILLER_TOKEN, EOS_TOKEN_ID]))
+        xargs = {**(p.xargs or {}), **({"continuum_last_turn": True} if last else {})}
+        p.live = make_request(p.prompt, session=p.name, max_tokens=p.decode + 10, xargs=xargs or None)
         self.driver.add(p.live, script)
 
     def add_one_shot(self, size: int) -> str:
@@ -91,7 +94,8 @@ class Agents:
                 if p.live is not None and p.live.request_id in admitted and p.first_admitted is None:
                     p.first_admitted = self.step_no
                 if p.live is not None and p.live.is_finished():
-                    p.prompt = list(p.live.all_token_ids) + tokens(100 * p.turn + len(p.name), 16)
+                    if p.grows:
+                        p.prompt = list(p.live.all_token_ids) + tokens(100 * p.turn + len(p.name), 16)
                     p.live, p.turn = None, p.turn + 1
                     if p.turns is not None and p.turn >= p.turns:
                         p.ended = self.step_no

@@ -8,7 +8,7 @@ from collections import Counter
 
 from tests.unit.test_controller import Ledger, Req, controller, run
 from vllm_continuum.core.pin_table import Anchor
-from vllm_continuum.core.sessions import SessionRegistry
+from vllm_continuum.core.programs import Program, ProgramTable
 from vllm_continuum.core.waiting_queue import LaneQueue
 
 
@@ -46,24 +46,27 @@ def test_one_session_with_thousands_of_queued_turns_costs_linear(monkeypatch):
     assert calls["_insert"] <= 2 * n and calls["continued_by"] <= 10 * n, calls
 
 
-def test_an_arrival_reads_the_session_table_from_its_head():
-    """100k sessions: an arrival reads O(1) of the table when nobody is idle
+def test_an_arrival_reads_the_program_table_from_its_head(monkeypatch):
+    """100k programs: an arrival reads O(1) of the table when nobody is idle
     (it used to copy the whole table on every arrival)."""
-    reg = SessionRegistry(max_sessions=200_000)
+    table = ProgramTable(max_programs=200_000)
     for i in range(100_000):
-        reg.observe_arrival(f"s{i}", now=float(i) / 1000, hashes=[])
+        program = table.open(f"s{i}", now=float(i) / 1000, arrival=float(i) / 1000)
+        table.arrive(program, now=float(i) / 1000)  # a request of it is queued
     reads = Counter()
+    busy = Program.busy
 
-    def busy(session):
+    def counted(program):
         reads["busy"] += 1
-        return False
+        return busy.fget(program)
 
+    monkeypatch.setattr(Program, "busy", property(counted))
     for t in range(1000):
-        reg.observe_arrival(f"new{t}", now=100.0, hashes=[])
-        assert reg.pop_idle(now=100.0, horizon_s=600.0, busy=busy) == []
+        table.arrive(table.open(f"new{t}", now=100.0, arrival=100.0), now=100.0)
+        assert table.pop_idle(now=100.0, horizon_s=600.0) == []
     assert reads["busy"] == 0
-    ended = reg.pop_idle(now=600.5, horizon_s=600.0, busy=busy)
-    assert len(ended) == 501 and reads["busy"] == 501  # exactly the idle ones
+    assert table.pop_idle(now=600.5, horizon_s=600.0) == []  # all busy: seen now, none left
+    assert reads["busy"] == 501  # exactly the ones past the horizon
 
 
 def test_a_failed_allocation_reads_only_the_pins_it_releases(monkeypatch):

@@ -136,7 +136,9 @@ def test_a_stranger_with_the_session_id_neither_ends_nor_releases_the_program():
     run(c, ledger, Req("a1", "A", [1, 2, 3]))
     c.on_arrival(Req("s1", "A", [5, 6]), {"continuum_last_turn": True})
     c.on_finished(Req("s1", "A", [5, 6]), aborted=True, tool_called=lambda: None)
-    assert c.pins.get("A") is not None and not c.workload.programs
+    pin = c.pins.get("A")
+    assert pin is not None and pin.program in c.programs  # A's program lives on
+    assert len(c.workload.programs) == 1  # the stranger ended its own one-turn program
 
 
 @pytest.mark.parametrize("forgotten_by", ["flood", "idle horizon", "any loss"])
@@ -158,12 +160,15 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
     elif forgotten_by == "idle horizon":  # shorter than the pin's TTL
         c.on_arrival(Req("b1", "B", [50]), None)  # any arrival runs the idle check
     else:
-        c.sessions.end_program("A")
+        for program in c.programs.of_session("A"):
+            c.programs.end(program)
     stranger = Req("s1", "A", [5, 6])
     c.on_arrival(stranger, {"continuum_last_turn": True})
     assert c.queue.lane_of(stranger) == REGULAR and c.queue.queue_key(stranger)[1] == 3.0
     c.on_finished(stranger, aborted=False, tool_called=lambda: None)
-    assert c.pins.get("A") is not None and not c.workload.programs, "a stranger ended it"
+    pin = c.pins.get("A")
+    assert pin is not None and len(c.workload.programs) == 1, "a stranger released the pin"
+    assert pin.program.turns == 1, "a stranger ended A's program"  # (the one ended was its own)
     clock.now = 4.0
     nxt = Req("a2", "A", [1, 2, 3, 4])
     c.on_arrival(nxt, None)
@@ -381,25 +386,25 @@ def test_a_turn_ages_against_one_shots_that_arrived_after_it_only():
     assert c.queue.aged(turn) and not c.queue.turn_overdue(turn)
 
 
-def test_a_later_programs_pinned_continuation_does_not_start_the_turn_bound():
-    """The pinned lane lets later programs' next turns through (Algorithm 1):
-    that starts no earlier turn's bound; a later program's regular-lane turn
-    admitted first does."""
+@pytest.mark.parametrize("lane", ["pinned", "regular"])
+def test_a_later_programs_turn_admitted_first_starts_the_turn_bound(lane):
+    """Whatever lane it comes through, a later program's turn admitted while an
+    earlier program's turn waits starts that turn's bound (issue 46: later
+    programs cycling their pins kept an expired agent out forever)."""
     c, ledger, clock = controller(pressure_policy="hold", max_turn_delay_s=5.0)
     first = Req("a1", "A", [1, 2])
     c.on_arrival(first, None)  # program A, waiting
     clock.now = 1.0
     assert run(c, ledger, Req("b1", "B", [3, 4]))  # program B: a pin
-    nxt = Req("b2", "B", [3, 4, 5])
+    nxt = Req("b2", "B", [3, 4, 5]) if lane == "pinned" else Req("c1", "C", [9])
     c.on_arrival(nxt, None)
-    ledger.take_back([3, 4])
+    assert c.queue.lane_of(nxt) == (PINNED if lane == "pinned" else REGULAR)
+    ledger.take_back(nxt.blocks)
+    clock.now = 2.0
     c.after_step([(nxt, 8)], KEEP_MARKS)
-    clock.now = 20.0
+    clock.now = 6.9
     assert not c.queue.turn_overdue(first)
-    stranger = Req("c1", "C", [9])
-    c.on_arrival(stranger, None)
-    c.after_step([(stranger, 0)], KEEP_MARKS)  # a later program's first turn went first
-    clock.now = 25.0
+    clock.now = 7.0
     assert c.queue.turn_overdue(first)
 
 

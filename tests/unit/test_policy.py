@@ -15,7 +15,7 @@ from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.hints import NO_HINTS, parse_hints
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable
 from vllm_continuum.core.pressure import PressureRule, blocks_freed, pins_to_release
-from vllm_continuum.core.sessions import SessionRegistry
+from vllm_continuum.core.programs import ProgramTable
 from vllm_continuum.core.tool_calls import tool_name_from_text
 from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
 from vllm_continuum.core.waiting_bound import WaitingBound
@@ -308,80 +308,126 @@ def test_length_is_counted_through_every_operation():
     assert len(q) == 0 and not q
 
 
-# ------------------------------------------------------- sessions and tools
-def test_session_registry_is_bounded_and_keeps_program_arrival():
-    reg = SessionRegistry(max_sessions=2)
-    reg.observe_arrival("a", now=0, hashes=["h1"])
-    reg.observe_turn_end("a", now=0.5, tool="t", anchor=Anchor(1, "h1"))
-    reg.observe_arrival("a", now=1, hashes=["h1", "h2"])
-    assert reg.program_arrival("a", default=-1) == 0  # its first request's
-    reg.observe_arrival("b", now=2, hashes=[])
-    reg.observe_arrival("c", now=3, hashes=[])
-    # Sessions that never finished a turn go first: "a" did, so "b" is forgotten.
-    assert "a" in reg and "b" not in reg and len(reg) == 2
-    reg.observe_turn_end("c", now=4, tool="t", anchor=None)
-    reg.observe_arrival("d", now=5, hashes=[])  # both paused: the least recent goes
-    assert "a" not in reg and "c" in reg and "d" in reg
+# ------------------------------------------------------- programs and tools
+def _arrive(table: ProgramTable, session: str, now: float, hashes: list):
+    """A request of `session` arrives: (its program, whether it continues it,
+    the duration its program's last call measured)."""
+    program = table.continued_by(session, hashes)
+    continues = program is not None
+    if program is None:
+        program = table.open(session, now, now)
+    return program, continues, table.arrive(program, now)
 
 
-def test_a_flood_of_fresh_ids_cannot_push_a_working_session_out():
-    reg = SessionRegistry(max_sessions=4)
-    reg.observe_arrival("agent", now=1.0, hashes=["h1"])
-    reg.observe_turn_end("agent", now=2.0, tool="search", anchor=Anchor(1, "h1"))
+def _end_turn(table: ProgramTable, program, now: float, tool, hashes: list) -> None:
+    table.turn_ended(program, now, tool, Anchor(len(hashes), hashes[-1]) if hashes else None)
+    table.left(program)
+
+
+def test_the_program_table_is_bounded_and_keeps_program_arrival():
+    table = ProgramTable(max_programs=2)
+    a, _, _ = _arrive(table, "a", 0, ["h1"])
+    _end_turn(table, a, 0.5, "t", ["h1"])
+    again, continues, _ = _arrive(table, "a", 1, ["h1", "h2"])
+    assert again is a and continues and a.arrival == 0  # its first request's
+    b, _, _ = _arrive(table, "b", 2, [])
+    c, _, _ = _arrive(table, "c", 3, [])
+    # Programs whose first turn has not ended go first: "a"'s did, so "b" is forgotten.
+    assert a in table and b not in table and len(table) == 2
+    _end_turn(table, c, 4, "t", ["c1"])
+    _arrive(table, "d", 5, [])  # both paused: the least recent goes
+    assert a not in table and c in table
+
+
+def test_a_flood_of_fresh_ids_cannot_push_a_working_program_out():
+    table = ProgramTable(max_programs=4)
+    agent, _, _ = _arrive(table, "agent", 1.0, ["h1"])
+    _end_turn(table, agent, 2.0, "search", ["h1"])
     for i in range(1000):  # fresh ids, each aborted at once (no turn ends)
-        reg.observe_arrival(f"flood-{i}", now=3.0, hashes=[])
-    agent = reg.observe_arrival("agent", now=4.0, hashes=["h1", "h2"])
-    assert agent.continues and agent.measured == ("search", 2.0) and len(reg) == 4
-    assert reg.program_arrival("agent", default=0) == 1.0
+        flood, _, _ = _arrive(table, f"flood-{i}", 3.0, [])
+        table.left(flood)
+    again, continues, measured = _arrive(table, "agent", 4.0, ["h1", "h2"])
+    assert again is agent and continues and measured == ("search", 2.0)
+    assert len(table) <= 4 and agent.arrival == 1.0
 
 
 def test_a_flood_of_cheap_finished_turns_cannot_push_a_paused_agent_out():
     """One-token session turns that finish (no tool call) are forgotten before
     an agent whose last turn called a tool: it keeps its place and its
     measured duration when it comes back, however long the flood."""
-    reg = SessionRegistry(max_sessions=4)
-    reg.observe_arrival("agent", now=1.0, hashes=["h1"])
-    reg.observe_turn_end("agent", now=2.0, tool="run_tests", anchor=Anchor(1, "h1"))
+    table = ProgramTable(max_programs=4)
+    agent, _, _ = _arrive(table, "agent", 1.0, ["h1"])
+    _end_turn(table, agent, 2.0, "run_tests", ["h1"])
     for i in range(1000):
-        reg.observe_arrival(f"cheap-{i}", now=3.0, hashes=[f"c{i}"])
-        reg.observe_turn_end(f"cheap-{i}", now=3.0, tool=None, anchor=Anchor(1, f"c{i}"))
-    agent = reg.observe_arrival("agent", now=40.0, hashes=["h1", "h2"])
-    assert agent.continues and agent.measured == ("run_tests", 38.0) and len(reg) == 4
-    assert reg.program_arrival("agent", default=-1) == 1.0
+        cheap, _, _ = _arrive(table, f"cheap-{i}", 3.0, [f"c{i}"])
+        _end_turn(table, cheap, 3.0, None, [f"c{i}"])
+    again, continues, measured = _arrive(table, "agent", 40.0, ["h1", "h2"])
+    assert again is agent and continues and measured == ("run_tests", 38.0) and len(table) == 4
 
 
 def test_tool_duration_is_next_arrival_minus_turn_end():
-    reg = SessionRegistry(max_sessions=10)
-    reg.observe_arrival("a", now=10.0, hashes=["h1"])
-    reg.observe_turn_end("a", now=11.0, tool="search", anchor=Anchor(1, "h1"))
-    arrival = reg.observe_arrival("a", now=13.5, hashes=["h1", "h2"])
-    assert arrival.measured == ("search", 2.5) and arrival.state.turns == 1 and arrival.continues
-    assert reg.observe_arrival("a", now=14, hashes=["h1"]).measured is None  # measured once
-    reg.observe_turn_end("a", now=15.0, tool=None, anchor=Anchor(1, "h1"))  # no tool call
-    assert reg.observe_arrival("a", now=16, hashes=["h1"]).measured is None
+    table = ProgramTable(max_programs=10)
+    a, _, _ = _arrive(table, "a", 10.0, ["h1"])
+    _end_turn(table, a, 11.0, "search", ["h1"])
+    _, continues, measured = _arrive(table, "a", 13.5, ["h1", "h2"])
+    assert measured == ("search", 2.5) and a.turns == 1 and continues
+    assert _arrive(table, "a", 14, ["h1"])[2] is None  # measured once
+    _end_turn(table, a, 15.0, None, ["h1"])  # no tool call
+    assert _arrive(table, "a", 16, ["h1"])[2] is None
 
 
-def test_a_request_that_only_carries_the_session_id_does_not_speak_for_it():
-    """Another prefix: no duration learned, no inherited place in the queue."""
-    reg = SessionRegistry(max_sessions=10)
-    reg.observe_arrival("a", now=1.0, hashes=["h1"])
-    reg.observe_turn_end("a", now=2.0, tool="search", anchor=Anchor(1, "h1"))
-    stranger = reg.observe_arrival("a", now=3.0, hashes=["x1", "x2"])
-    assert not stranger.continues and not stranger.first_turn and stranger.measured is None
-    agent = reg.observe_arrival("a", now=4.0, hashes=["h1", "h2"])
-    assert agent.continues and agent.measured == ("search", 2.0)
-    assert reg.program_arrival("a", default=0) == 1.0
+def test_a_request_that_only_carries_the_session_id_opens_its_own_program():
+    """Another prefix: no duration learned, no inherited place in the queue;
+    its own last turn ends its own program, never the other one."""
+    table = ProgramTable(max_programs=10)
+    a, _, _ = _arrive(table, "a", 1.0, ["h1"])
+    _end_turn(table, a, 2.0, "search", ["h1"])
+    stranger, continues, measured = _arrive(table, "a", 3.0, ["x1", "x2"])
+    assert stranger is not a and not continues and measured is None and stranger.arrival == 3.0
+    table.turn_ended(stranger, 3.5, None, Anchor(2, "x2"))
+    table.end(stranger)  # its last turn
+    again, continues, measured = _arrive(table, "a", 4.0, ["h1", "h2"])
+    assert again is a and continues and measured == ("search", 2.0) and a.arrival == 1.0
+
+
+def test_a_guess_before_the_first_turn_ends_is_a_program_of_its_own():
+    """Two requests with one id, neither continuing anything: two programs.
+    The second one's last turn ends only the second."""
+    table = ProgramTable(max_programs=10)
+    victim, _, _ = _arrive(table, "agent-42", 1.0, ["v1"])
+    guess, continues, _ = _arrive(table, "agent-42", 2.0, ["g1"])
+    assert guess is not victim and not continues
+    table.turn_ended(guess, 2.5, None, Anchor(1, "g1"))
+    assert table.end(guess) == 1
+    _end_turn(table, victim, 3.0, "bash", ["v1"])
+    again, continues, measured = _arrive(table, "agent-42", 4.0, ["v1", "v2"])
+    assert again is victim and continues and measured == ("bash", 1.0)
 
 
 def test_programs_end_by_hint_or_idleness():
-    reg = SessionRegistry(max_sessions=10)
-    for session, now in [("a", 0.0), ("b", 5.0)]:
-        reg.observe_arrival(session, now=now, hashes=[])
-        reg.observe_turn_end(session, now=now + 1, tool="t", anchor=None)
-    assert reg.pop_idle(now=8.0, horizon_s=5) == [("a", 1)]
-    # A session whose context is pinned is running a tool, not idle.
-    assert reg.pop_idle(now=20.0, horizon_s=5, busy=lambda s: s == "b") == []
-    assert reg.end_program("b") == 1 and len(reg) == 0
+    table = ProgramTable(max_programs=10)
+    a, _, _ = _arrive(table, "a", 0.0, ["a1"])
+    _end_turn(table, a, 1.0, "t", ["a1"])
+    b, _, _ = _arrive(table, "b", 5.0, ["b1"])
+    _end_turn(table, b, 6.0, "t", ["b1"])
+    assert table.pop_idle(now=8.0, horizon_s=5) == [1]  # a
+    # A program with a request queued or running, or a pinned context, is not idle.
+    b.pins = 1
+    running, _, _ = _arrive(table, "r", 6.0, ["r1"])
+    assert table.pop_idle(now=20.0, horizon_s=5) == []
+    assert table.end(b) == 1 and table.end(running) == 0
+
+
+def test_an_idle_program_keeps_its_place_for_its_next_turn():
+    """Idle past the horizon, a program counts as ended (eta) but stays in the
+    table: its next turn still continues it, in its place."""
+    table = ProgramTable(max_programs=10)
+    a, _, _ = _arrive(table, "a", 0.0, ["a1"])
+    _end_turn(table, a, 1.0, "approval", ["a1"])
+    assert table.pop_idle(now=700.0, horizon_s=600) == [1] and a in table
+    again, continues, measured = _arrive(table, "a", 900.0, ["a1", "a2"])
+    assert again is a and continues and a.arrival == 0.0 and measured == ("approval", 899.0)
+    assert table.pop_idle(now=901.0, horizon_s=600) == []
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@ of vLLM.
 
 The adapter (`vllm_continuum.adapter.scheduler_mixin`) forwards vLLM's
 hooks here; `PinController` keeps what it learns of each request and
-session (`Turn`, `SessionRegistry`, the workload model) over a
+program (`Turn`, `ProgramTable`, the workload model) over a
 `BlockLedger` and the requests as vLLM gives them (only the attributes of
 `TurnRequest` are read), and hands the pins to two modules:
 
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from vllm_continuum.core.hints import NO_HINTS, Hints, parse_hints
+from vllm_continuum.core.hints import Hints, parse_hints
 from vllm_continuum.core.ledger import BlockLedger
 from vllm_continuum.core.pin_maker import PinMaker, PinMakerEvents
 from vllm_continuum.core.pin_release import PinReleaser, ReleaseEvents
@@ -42,7 +42,8 @@ from vllm_continuum.core.pressure import PressureRule
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.running_calls import LATE_RETURN_S
-from vllm_continuum.core.sessions import SessionRegistry, session_key
+from vllm_continuum.core.programs import Program, ProgramTable
+from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, make_ttl_policy
 from vllm_continuum.core.turn import Turn, TurnRequest
 from vllm_continuum.core.waiting_queue import LaneQueue
@@ -73,7 +74,7 @@ class PendingPin:
     session: str
     tool: str
     hints: Hints
-    program_arrival: float
+    program: Program
     seq: int  # the controller's arrival count when it ended: later arrivals may continue it
     superseded: bool = False  # its next turn was allocated meanwhile: it holds the context
 
@@ -128,7 +129,7 @@ class PinController:
         # exactly, the order blocks are freed in included).
         self.pinning = pinning and not isinstance(policy, NeverTTLPolicy)
         self.pins = PinTable()
-        self.sessions = SessionRegistry(config.max_tracked_sessions)
+        self.programs = ProgramTable(config.max_tracked_sessions)
         self.order = ProgramOrder(config.admission, config.program_precedence_s)
         self.turns: dict[str, Turn] = {}
         # Requests of each session not admitted yet, in arrival order.
@@ -255,31 +256,29 @@ class PinController:
         if session is None:
             return
         self._queued.setdefault(session, {})[request.request_id] = request
-        seen = self.sessions.observe_arrival(session, now, request.block_hashes, arrival)
-        turn.continues, turn.first_turn = seen.continues, seen.first_turn
-        measured = seen.measured
-        pin = self.pins.pin_continued_by(session, request.block_hashes)
-        # The session table is bounded and forgets idle programs; a live pin
-        # is the truth about its program whatever the table says.
-        if pin is not None and not seen.continues:
-            self.sessions.adopt(session, pin.program_arrival, pin.anchor)
-            turn.continues, turn.first_turn = True, False
-            measured = (pin.tool, max(0.0, now - pin.created_at))
-        elif pin is None and self.pins.has_session(session):
-            turn.first_turn = False  # the program lives on in its pins: a stranger
+        hashes = request.block_hashes
+        program = self.programs.continued_by(session, hashes)
+        pin = self.pins.pin_continued_by(session, hashes)
+        if program is None and pin is not None and pin.program is not None:
+            # The table is bounded and puts idle programs aside; a live pin is
+            # the truth about its program whatever the table says.
+            program = self.programs.restore(pin.program, now)
+        turn.continues = program is not None
+        if program is None:  # it continues none of the session's programs: its own
+            program = self.programs.open(session, now, arrival)
+        turn.program, turn.program_arrival = program, program.arrival
+        measured = self.programs.arrive(program, now)
         if measured is not None:
             tool, seconds = measured
             self.workload.tool_returned(session, tool, seconds)
             self.stats.on_tool_duration(tool, seconds)
         if turn.continues:
-            turn.program_arrival = self.sessions.program_arrival(session, arrival)
             turn.resuming = (pin is not None, now)
         if pin is not None:
             self._attach(request, turn, pin)
 
     def _end_idle_programs(self) -> None:
-        horizon = self.config.program_idle_horizon_s
-        for _, turns in self.sessions.pop_idle(self.now(), horizon, busy=self.pins.has_session):
+        for turns in self.programs.pop_idle(self.now(), self.config.program_idle_horizon_s):
             self.workload.programs.add(turns)
 
     def _on_admitted(self, request: TurnRequest, num_cached_tokens: int) -> None:
@@ -312,45 +311,41 @@ class PinController:
         connector keeps its blocks a while longer (it sends them first).
         `tool_called` reads the tool from its output."""
         turn = self.turns.pop(request.request_id, None)
-        if turn is not None:
-            self._dequeued(request, turn)
-        session = turn.session if turn is not None else session_key(request.session_id)
-        if session is None:
+        if turn is None:
+            return  # never seen arriving: nothing of ours
+        self._dequeued(request, turn)
+        program = turn.program
+        if program is None:  # no session
             return
-        hints = turn.hints if turn is not None else NO_HINTS
-        # Only the program's own turns (its first, or one continuing its last)
-        # speak for the session; a request that merely carries the id does not.
-        of_program = turn is None or turn.continues or turn.first_turn
-        hashes = request.block_hashes
+        hints, hashes = turn.hints, request.block_hashes
         # A stop string also ends a turn as an abort (the front end aborts
         # it), so an abort with output is judged by that output.
         tool = None
         if request.num_output_tokens:
             tool = hints.tool or tool_called()
-            if of_program:
-                anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self.hash_block_size)
-                now = self.now()
-                self.sessions.observe_turn_end(session, now, tool, anchor)
-                if tool is not None:
-                    self.workload.tool_called(session, tool, now)
+            anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self.hash_block_size)
+            now = self.now()
+            self.programs.turn_ended(program, now, tool, anchor)
+            if tool is not None:
+                self.workload.tool_called(turn.session, tool, now)
+        self.programs.left(program)
         if hints.last_turn:
-            # Only the pins whose context it continues: a request that merely
-            # carries the id (guessed, or the table forgot the session) must
-            # not free another program's pins; a fork's other branches expire.
-            for pin in self.pins.pins_continued_by(session, hashes):
+            # It speaks for its own program only (the one it continues, or
+            # opened), and releases only the pins whose context it continues:
+            # a request that merely carries the id ends and frees nothing of
+            # another program's; a fork's other branches expire.
+            for pin in self.pins.pins_continued_by(turn.session, hashes):
                 self.releaser.release(pin, ReleaseReason.LAST_TURN)
-            if of_program:
-                self.workload.programs.add(self.sessions.end_program(session))
+            self.workload.programs.add(self.programs.end(program))
             return
         if tool is None:
             if aborted:
-                self.releaser.release_continued(session, hashes, ReleaseReason.ABORTED)
+                self.releaser.release_continued(turn.session, hashes, ReleaseReason.ABORTED)
             return
         if self.pinning:
-            program_arrival = turn.program_arrival if turn is not None else self.now()
-            pending = PendingPin(session, tool, hints, program_arrival, seq=self._seq)
+            pending = PendingPin(turn.session, tool, hints, program, seq=self._seq)
             self._pending[request.request_id] = pending
-            self._pending_of.setdefault(session, {})[request.request_id] = pending
+            self._pending_of.setdefault(turn.session, {})[request.request_id] = pending
 
     def on_blocks_freed(
         self, request: TurnRequest, aborted: bool, tool_called: Callable[[], str | None]
@@ -367,9 +362,12 @@ class PinController:
             # Freed late (a connector sent the blocks first) after the next turn
             # was allocated: it holds the context already; a pin would only expire.
             return False
-        pin = self.maker.pin(request, pending.session, pending.tool, pending.hints, pending.program_arrival)
+        program = pending.program
+        pin = self.maker.pin(request, pending.session, pending.tool, pending.hints, program.arrival)
         if pin is None:
             return False
+        pin.program = program
+        program.pins += 1
         self._attach_late_arrivals(pin, pending.seq)
         return True
 
@@ -380,7 +378,8 @@ class PinController:
         turn = self.turns.get(request.request_id)
         if turn is not None and turn.continues:
             for pending in self._pending_of.get(turn.session, {}).values():  # blocks a connector holds
-                pending.superseded = True
+                if pending.program is turn.program:
+                    pending.superseded = True
         self._hand_over(request, turn)
         if turn is not None:
             turn.handed_over = True
@@ -414,6 +413,8 @@ class PinController:
 
     def _pin_gone(self, pin) -> None:
         """A pin left the table: its queued turns leave the pinned lane."""
+        if pin.program is not None:
+            pin.program.pins -= 1
         for request_id, request in pin.waiters.items():
             turn = self.turns.get(request_id)
             if turn is not None and turn.pin is pin:

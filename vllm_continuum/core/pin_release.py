@@ -129,11 +129,12 @@ class PinReleaser:
         if the pressure policy allows. If no set of pins covers it, or the
         retry fails anyway, nothing is released. Reads pins in release order
         only until they cover the shortfall."""
-        if shortfall is not None and shortfall > self.pins.num_pinned_blocks:
-            return None  # even every pin together would not cover it
         refs = self.ledger.ref_count
-        victims = pins_to_release(self._releasable(self.pins.release_order()), shortfall, refs, keep=keep)
-        if not victims:
+        covered = shortfall is None or shortfall <= self.pins.num_pinned_blocks
+        victims = covered and pins_to_release(self._releasable(self.pins.release_order()), shortfall,
+                                              refs, keep=keep)
+        if not victims:  # even every pin together would not cover it
+            self._kept_out_by_later_pins(request, waiting, keep)
             return None
         queue = self.queue
         overdue = waiting and queue.has_waiting_bound(request) and queue.overdue(request)
@@ -141,7 +142,7 @@ class PinReleaser:
                                               preempted=preempted, overdue=overdue):
             victims = pins_to_release(self._takeable(request, waiting), shortfall, refs, keep=keep)
             if not victims:
-                self._held(request, waiting, shortfall, keep)
+                self._held(request, waiting, keep)
                 return None
         return self._release_and_retry(request, victims, retry)
 
@@ -168,21 +169,30 @@ class PinReleaser:
                 seen.add(id(pin))
                 yield pin
 
-    def _held(self, request: TurnRequest, waiting: bool, shortfall: int | None, keep) -> None:
+    def _held(self, request: TurnRequest, waiting: bool, keep) -> None:
         """Pins could make room but are kept. A turn held by pins of later
         programs starts its turn bound; an aged turn held by earlier programs'
         pins waits for them as it would anyway (its aging restarts, and the
         requests behind it are not counted as held). Otherwise everyone
         waiting waits for pins (the waiting bound)."""
         queue = self.queue
-        if waiting and not queue.has_waiting_bound(request):
-            later = takewhile(queue.later_program(request), self.pins.release_order())
-            if pins_to_release(self._releasable(later), shortfall, self.ledger.ref_count, keep=keep):
-                queue.held_by_later_pins(request)
-            elif queue.aged(request):
-                queue.waits_for_earlier_programs(request)
-                return
+        if not self._kept_out_by_later_pins(request, waiting, keep) and waiting and queue.aged(request):
+            queue.waits_for_earlier_programs(request)
+            return
         queue.bound.held_by_pins(queue.level(request), self.now())
+
+    def _kept_out_by_later_pins(self, request: TurnRequest, waiting: bool, keep) -> bool:
+        """A waiting turn needs memory that pins of later programs hold (some
+        of it: running requests may hold the rest): its turn bound starts.
+        Reads later programs' pins only until one would free a block."""
+        queue = self.queue
+        if not waiting or queue.has_waiting_bound(request) or not self.pins:
+            return False
+        later = takewhile(queue.later_program(request), self.pins.release_order())
+        if not pins_to_release(self._releasable(later), 1, self.ledger.ref_count, keep=keep):
+            return False
+        queue.held_by_later_pins(request)
+        return True
 
     def _release_and_retry(self, request: TurnRequest, victims: list[Pin], retry: Callable[[], T | None]) -> T | None:
         for pin in victims:

@@ -93,6 +93,7 @@ class Pin:
     # the tokens it holds.
     revisable: bool = False
     context_tokens: int = 0
+    program: object = field(default=None, compare=False)  # the program whose context it holds (programs.py)
     # Queued requests (by id) whose context it holds: the pinned lane's turns.
     waiters: dict[str, object] = field(default_factory=dict, compare=False)
     block_id_set: frozenset[int] = field(init=False, repr=False, compare=False)

@@ -192,7 +192,7 @@ class QueueRules:
         if self.order.has_waiting_bound(session):
             if not self.aging.off:  # an infinite bound's marks are never read
                 self.aging.went_ahead(arrival, level, now)
-        elif not self.turn_bound.off and not _continued_its_pin(turn):
+        elif not self.turn_bound.off:
             place = self.order.place(turn.program_arrival, turn.arrival, now) if turn is not None else now
             self.turn_bound.went_ahead(place, level, now)
 

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from vllm_continuum.core.hints import Hints
 from vllm_continuum.core.pin_table import Pin
+from vllm_continuum.core.programs import Program
 
 
 class TurnRequest(Protocol):
@@ -35,9 +36,9 @@ class Turn:
     program_arrival: float  # its program's first arrival if it continues it, else `arrival`
     seq: int = 0  # arrival order, for requests that arrive at the same time
     session: str | None = None
+    program: Program | None = None  # the program it belongs to (it continues it, or opened it)
     pin: Pin | None = None  # the pin whose context it continues (pinned lane), while held
-    continues: bool = False  # its prompt continues its session's last turn
-    first_turn: bool = False  # no turn of its session had ended before it
+    continues: bool = False  # its prompt continues its program's context (it did not open it)
     resuming: tuple[bool, float] | None = None  # (found a pin, arrival) until admitted
     aging_from: float | None = None  # its aging restarted then (queue_rules.py); None: `arrival`
     handed_over: bool = False  # its allocation handed its context's pin over (if any)

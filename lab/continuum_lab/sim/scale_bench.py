@@ -378,7 +378,7 @@ def _state(side: Side) -> dict:
            "free_blocks": s.kv_cache_manager.block_pool.get_num_free_blocks()}
     c = getattr(s, "continuum", None)
     if c is not None:  # the controller's tables, read defensively: the core may reshape them
-        facts = {"sessions": lambda: len(c.sessions), "pins": lambda: len(c.pins),
+        facts = {"sessions": lambda: len(c.programs), "pins": lambda: len(c.pins),
                  "pinned_blocks": lambda: c.pins.num_pinned_blocks,
                  "max_pins_of_a_session": lambda: max(Counter(p.session_id for p in c.pins).values(),
                                                       default=0),
