@@ -118,6 +118,6 @@ def test_a_queued_turn_is_kept_only_in_the_heaps_of_its_bounds_that_are_on():
         while queue:
             r = queue.pop_request()
             order.append(r.request_id)
-            c.after_step([(r, 0)], queue.firsts())
+            c.after_step([(r, 0)], queue.first_of if queue else None)
         popped[entries_per_turn] = order
     assert popped[1] == popped[2] == popped[3]

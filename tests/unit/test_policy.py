@@ -19,7 +19,9 @@ from vllm_continuum.core.programs import ProgramTable
 from vllm_continuum.core.tool_calls import tool_name_from_text
 from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
 from vllm_continuum.core.waiting_bound import WaitingBound
-from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
+from vllm_continuum.core.waiting_queue import (
+    AGING, PINNED, PREEMPTED, REGULAR, TURN_BOUND, WAITING_BOUND, LaneQueue,
+)
 from vllm_continuum.core.workload import WorkloadModel
 
 
@@ -479,9 +481,12 @@ def test_pruned_marks_no_waiting_request_needs():
     bound = WaitingBound(max_delay_s=1.0)
     for t in range(1, 6):
         bound.went_ahead(float(t), level=0, now=10.0 + t)
-    bound.prune(oldest_waiting=3.5)
+    bound.prune(lambda level: 3.5)
     assert bound.extra_since(3.5, 0) == 14.0  # the mark of enqueue time 4
     assert len(bound._latest[0]) == 2
+    bound.went_ahead(9.0, level=7, now=20.0)
+    bound.prune(lambda level: None if level == 7 else 3.5)  # nobody waits at level 7
+    assert bound.num_levels == 1
 
 
 def test_an_overdue_request_goes_first_behind_preempted_ones_only():
@@ -500,7 +505,7 @@ def test_an_overdue_request_goes_first_behind_preempted_ones_only():
     assert q.peek_request().name == "old" and [r.name for r in q] == ["old", "turn", "new"]
     q.prepend_request(Req("p", 9, preempted=True))
     assert drain(q) == ["p", "old", "turn", "new"]
-    assert q.oldest_enqueued_at() is None
+    assert q.first_of(WAITING_BOUND, 0) is None
 
 
 def test_a_pop_returns_what_the_last_peek_returned():
@@ -554,7 +559,7 @@ def test_an_aged_turn_goes_before_later_one_shots_that_are_not_overdue():
     assert [r.name for r in q] == ["early", "late", "later", "turn"]
     aged.add("turn")
     assert [r.name for r in q] == ["early", "turn", "late", "later"]
-    assert q.firsts() == (1, 2, 2)
+    assert [q.first_of(b, 0) for b in (WAITING_BOUND, TURN_BOUND, AGING)] == [1, 2, 2]
     assert q.pop_request().name == "early"
     overdue.add("late")  # the oldest is the first to be overdue (waiting_bound.py)
     assert [r.name for r in q] == ["late", "turn", "later"]

@@ -252,16 +252,17 @@ class ContinuumSchedulerMixin:
         c = self.continuum
         return c.now() - max(0.0, self._wall_clock() - request.arrival_time)
 
-    def _first_waiting(self) -> tuple[float | None, ...]:
-        """Where the first request waiting under each bound stands
-        (`LaneQueue.firsts`): the bounds forget what nobody waiting can be
-        passed by. vLLM's own queue (`queue_order: fcfs`) is not indexed: its
-        marks are kept while anyone waits (few: one per step that pins held
-        the head back)."""
+    def _first_waiting(self) -> Callable[[int, int], float | None] | None:
+        """Where the first request waiting under each bound stands, per priority
+        level (`LaneQueue.first_of`; None: nobody waits): the bounds forget
+        what nobody waiting can be passed by. vLLM's own queue (`queue_order:
+        fcfs`) is not indexed: its marks are kept while anyone waits (few: one
+        per step that pins held the head back, per level)."""
+        if not self.waiting:
+            return None
         if isinstance(self.waiting, LaneQueue):
-            return self.waiting.firsts()
-        keep_all = -math.inf if self.waiting else None
-        return keep_all, keep_all, keep_all
+            return self.waiting.first_of
+        return lambda bound, level: -math.inf
 
     def _lane_changed(self, request: Request) -> None:
         if self._in_schedule:

@@ -225,13 +225,14 @@ class PinController:
         self.releaser.release_expired(grace_until=self.step)
 
     def after_step(self, admitted: Iterable[tuple[TurnRequest, int]],
-                   firsts: Sequence[float | None] = (None, None, None)) -> None:
+                   first_of: Callable[[int, int], float | None] | None = None) -> None:
         """`admitted`: (request, cached tokens) of each request the step admitted;
-        `firsts`: the first still waiting under each bound (waiting_queue.py
-        `firsts`): the bounds forget what nobody waiting can be passed by."""
+        `first_of(bound, level)`: where the first request still waiting under a
+        bound at a priority level stands (waiting_queue.py `first_of`; None:
+        nobody waits): the bounds forget what nobody waiting can be passed by."""
         for request, num_cached_tokens in admitted:
             self._on_admitted(request, num_cached_tokens)
-        self.queue.prune(firsts)
+        self.queue.prune(first_of)
 
     def end_step(self) -> None:
         """The step is over: rules read the clock again."""

@@ -40,7 +40,7 @@ the queue's head and its pop.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.pin_table import Pin, PinTable
@@ -99,6 +99,7 @@ class QueueRules:
             aged=self.aged,
             turn_bounds=(not self.turn_bound.off, not self.aging.off),
             none_due=self.none_due,
+            on_empty=self.nobody_waits,
         )
 
     def lane_of(self, request: TurnRequest) -> int:
@@ -210,12 +211,22 @@ class QueueRules:
         key = math.nextafter(self.place(request), math.inf)
         self.turn_bound.went_ahead(key, self.level(request), self.now())
 
-    def prune(self, firsts: Sequence[float | None]) -> None:
-        """`firsts`: per bound (waiting, turn, aging), where the first request
-        still waiting under it stands (None: nobody waits under it)."""
-        now = self.now()
-        for bound, first in zip((self.bound, self.turn_bound, self.aging), firsts):
-            bound.prune(first if first is not None else now)
+    def prune(self, first_of: Callable[[int, int], float | None] | None) -> None:
+        """The bounds forget what nobody waiting can be passed by: `first_of(bound,
+        level)`, where the first request waiting under a bound (WAITING_BOUND,
+        TURN_BOUND, AGING) at a priority level stands (None: nobody);
+        `first_of=None`: nobody waits at all. Only the levels marked since the
+        last prune are read."""
+        for index, bound in self._bounds.items():
+            if first_of is None:
+                bound.clear()
+            else:
+                bound.prune(lambda level, index=index: first_of(index, level))
+
+    def nobody_waits(self, bound: int, level: int) -> None:
+        """The last request waiting under `bound` at `level` left: its marks go
+        (priority levels are the clients' choice: none is kept without need)."""
+        self._bounds[bound].forget_level(level)
 
     def later_program(self, request: TurnRequest) -> Callable[[Pin], bool]:
         """Whether a pin belongs to a program that arrived after the request's."""

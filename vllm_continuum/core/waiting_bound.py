@@ -39,15 +39,18 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class WaitingBound:
     def __init__(self, max_delay_s: float) -> None:
         self.max_delay_s = max_delay_s
-        # Per priority level: mark times, and the latest enqueue time admitted by then.
+        # Per priority level: mark times, and the latest enqueue time admitted by
+        # then. A level has marks only while requests of it wait (`forget_level`),
+        # so clients choosing many priorities cost memory only while they wait.
         self._times: dict[int, list[float]] = {}
         self._latest: dict[int, list[float]] = {}
+        self._touched: set[int] = set()  # levels marked since the last prune
 
     @property
     def off(self) -> bool:
@@ -64,6 +67,7 @@ class WaitingBound:
         if not latest or enqueued_at > latest[-1]:
             latest.append(enqueued_at)
             self._times[level].append(now)
+            self._touched.add(level)
 
     def held_by_pins(self, level: int, now: float) -> None:
         """Pins kept memory the head of the queue needed: everyone waiting now
@@ -90,13 +94,42 @@ class WaitingBound:
         times = self._times.get(level)
         return bool(times) and now - times[0] >= self.max_delay_s
 
-    def prune(self, oldest_waiting: float) -> None:
-        """Drop marks no waiting request can be passed by (every waiting
-        request arrived at or after `oldest_waiting`): keeps them few."""
-        for level, latest in self._latest.items():
-            i = bisect.bisect_right(latest, oldest_waiting)
+    def prune(self, first_of: Callable[[int], float | None]) -> None:
+        """Drop the marks no waiting request can be passed by, at the levels
+        marked since the last prune (the others did not change): `first_of(level)`,
+        where the first request waiting at that level stands (every other
+        arrived at or after it; None: nobody waits at that level). O(levels
+        marked) amortized, however many levels exist."""
+        for level in self._touched:
+            latest = self._latest.get(level)
+            if latest is None:
+                continue
+            first = first_of(level)
+            if first is None:
+                self.forget_level(level)
+                continue
+            i = bisect.bisect_right(latest, first)
             del latest[:i]
             del self._times[level][:i]
+            if not latest:
+                self.forget_level(level)
+        self._touched.clear()
+
+    def forget_level(self, level: int) -> None:
+        """Nobody waits at this level any more: its marks go."""
+        self._latest.pop(level, None)
+        self._times.pop(level, None)
+
+    def clear(self) -> None:
+        """Nobody waits at all: every mark goes."""
+        self._latest.clear()
+        self._times.clear()
+        self._touched.clear()
+
+    @property
+    def num_levels(self) -> int:
+        """Levels with marks (each has requests waiting, or had at its last prune)."""
+        return len(self._latest)
 
 
 def anyone_overdue(bounds: Iterable[WaitingBound], level: int, now: float) -> bool:

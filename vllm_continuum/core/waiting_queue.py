@@ -79,6 +79,7 @@ class LaneQueue(Generic[R]):
         aged: Callable[[R], bool] = lambda r: False,
         turn_bounds: tuple[bool, bool] = (True, True),
         none_due: Callable[[int | None, int], bool] = lambda bound, priority: False,
+        on_empty: Callable[[int, int], None] = lambda bound, priority: None,
     ) -> None:
         """`key_of`: a request's order in its lane (a tuple, of one length for
         every request); `has_waiting_bound`: whether a request has the
@@ -92,7 +93,8 @@ class LaneQueue(Generic[R]):
         (WAITING_BOUND, TURN_BOUND: overdue; AGING: aged; None: any of them)
         and level can be due now, so that the head is found without asking
         `overdue` or `aged` of anyone (a shortcut: it must never say True when
-        one of them would say True)."""
+        one of them would say True); `on_empty(bound, priority)`: nobody waits
+        under that bound at that level any more (its marks can go)."""
         self._lane_of = lane_of
         self._key_of = key_of
         self._enqueued_at = enqueued_at
@@ -104,9 +106,10 @@ class LaneQueue(Generic[R]):
         self._aged_out = aged
         self._turn_bounds = turn_bounds
         self._none_due = none_due
+        self._on_empty = on_empty
         self._tokens = itertools.count()
         self._ends = itertools.count(1)  # preempted lane: prepend < 0 < append
-        self._members: dict[int, tuple[int, R, int]] = {}  # id -> (token, request, aging entries)
+        self._members: dict[int, tuple[int, R, tuple]] = {}  # id -> (token, request, its bound heaps)
         self._stale = 0  # entries of requests no longer queued (or queued anew)
         # Heap entries are flat tuples, (priority, lane, *key, token, request) and
         # per (bound, priority level) (*age key, token, request) of non-preempted
@@ -114,7 +117,10 @@ class LaneQueue(Generic[R]):
         # nested keys (a lane's keys have one length), compared several times
         # faster at each push and pop. The token and request are always last.
         self._heap = RunHeap()
+        # Per (bound, priority level), its heap and how many queued requests it
+        # holds: a family nobody waits in is dropped (clients choose priorities).
         self._aging: dict[tuple[int, int], RunHeap] = {}
+        self._family_live: dict[tuple[int, int], int] = {}
         self._peeked: R | None = None  # what the last peek returned, until a push or pop
 
     # --- vLLM RequestQueue protocol -------------------------------------
@@ -177,24 +183,15 @@ class LaneQueue(Generic[R]):
             self._forget(request)
             self._insert(request, front=False)
 
-    def firsts(self) -> tuple[float | None, float | None, float | None]:
-        """Where the first request waiting under each bound stands: the enqueue
-        time of the longest-waiting request with the waiting bound, the program
-        arrival of the earliest program with a turn waiting (turn bound), where
-        the aging of the longest-aging turn counts from (None: nobody)."""
-        value_of = (self._enqueued_at, self._place_of, self._aging_from)  # by bound
-        least: list[float | None] = [None, None, None]
-        for family in list(self._aging):  # one pass: this runs at every step that admits
-            first = self._first_aged(family)
-            if first is not None:
-                bound = family[0]
-                value = value_of[bound](first)
-                if least[bound] is None or value < least[bound]:
-                    least[bound] = value
-        return least[WAITING_BOUND], least[TURN_BOUND], least[AGING]
-
-    def oldest_enqueued_at(self) -> float | None:
-        return self.firsts()[0]
+    def first_of(self, bound: int, priority: int) -> float | None:
+        """Where the first request waiting under `bound` (WAITING_BOUND: its
+        enqueue time; TURN_BOUND: its program's place; AGING: where its aging
+        counts from) at this priority level stands; None: nobody. O(1)
+        amortized."""
+        first = self._first_aged((bound, priority))
+        if first is None:
+            return None
+        return (self._enqueued_at, self._place_of, self._aging_from)[bound](first)
 
     # --- internals ---------------------------------------------------------
     def _ordered(self) -> list[R]:
@@ -203,6 +200,8 @@ class LaneQueue(Generic[R]):
         copy = shallow_copy(self)
         copy._members, copy._heap = dict(self._members), self._heap.copy()
         copy._aging = {k: v.copy() for k, v in self._aging.items()}
+        copy._family_live = dict(self._family_live)
+        copy._on_empty = lambda bound, priority: None
         copy._peeked = None
         return [copy.pop_request() for _ in range(len(self))]
 
@@ -224,17 +223,30 @@ class LaneQueue(Generic[R]):
                 ages = [(TURN_BOUND, (self._place_of(request), enqueued))] if turn_bound else []
                 if aging:
                     ages.append((AGING, (self._aging_from(request), enqueued)))
+        families = []
         for bound, age_key in ages:
-            aging = self._aging.get((bound, priority))
+            family = (bound, priority)
+            aging = self._aging.get(family)
             if aging is None:
-                aging = self._aging[(bound, priority)] = RunHeap()
+                aging = self._aging[family] = RunHeap()
             aging.push((*age_key, token, request))
-        self._members[id(request)] = (token, request, len(ages))
+            self._family_live[family] = self._family_live.get(family, 0) + 1
+            families.append(family)
+        self._members[id(request)] = (token, request, tuple(families))
         self._heap.push((*key, token, request))
 
     def _forget(self, request: R) -> None:
         self._peeked = None
-        self._stale += 1 + self._members.pop(id(request))[2]  # its entries, lane and bounds
+        families = self._members.pop(id(request))[2]
+        self._stale += 1 + len(families)  # its entries, lane and bounds
+        for family in families:
+            left = self._family_live[family] - 1
+            if left:
+                self._family_live[family] = left
+                continue
+            del self._family_live[family]  # nobody waits in it: its heap holds only stale entries
+            self._stale -= len(self._aging.pop(family))
+            self._on_empty(*family)
 
     def _live_entry(self, entry: tuple) -> bool:
         """Whether a heap entry (..., token, request) is still queued."""
@@ -293,7 +305,5 @@ class LaneQueue(Generic[R]):
         if self._stale > len(self._members) + 64:
             self._stale = 0
             self._heap.keep(self._live_entry)
-            for family, aging in list(self._aging.items()):
+            for aging in self._aging.values():
                 aging.keep(self._live_entry)
-                if not aging:
-                    del self._aging[family]
