@@ -199,3 +199,37 @@ def test_many_priority_levels_cost_only_while_they_wait(build):
         d.advance(0.1)
     assert not s.has_requests() and not len(queue._aging)
     assert all(len(b._latest) == 0 for b in (rules.bound, rules.turn_bound, rules.aging))
+
+
+# ------------------------------------------------------------------- finding 4
+def test_fake_calls_of_a_tool_do_not_switch_pinning_off_for_others(tiny_model_dir, async_scheduling):
+    """One client sends 1,000 tiny requests, each under its own session id,
+    hinted `continuum_tool: Bash`, and never follows any up. Six agents call
+    Bash (their calls return in a few steps) on a contested pool. Their TTL
+    decisions are the same as without the flood, and their next turns find
+    their context pinned as often, but for what the flood's own pins hold
+    (under the caps, and as earlier programs): each program's TTLs are
+    decided on its own calls (core/durations.py CallHistory). Before, the
+    fake calls counted for everyone's Bash as calls out past the cap: the
+    agents' pins got TTL 0 and none of their next turns found its context."""
+    resumes, decisions = {}, {}
+    for flooded in (False, True):
+        a = agents(tiny_model_dir, async_scheduling, "continuum",
+                   [(5 + 2 * i, 6, 120) for i in range(6)], max_ttl_s=3.0)
+        for p in a.programs:
+            p.xargs, p.pause = {"continuum_tool": "Bash"}, 4
+        if flooded:
+            for i in range(1000):
+                fake = make_request(tokens(200_000 + i, 8), session=f"fake-{i}", max_tokens=1,
+                                    xargs={"continuum_tool": "Bash"})
+                a.driver.add(fake, [FILLER_TOKEN])
+        a.run(3000, until=lambda: all(p.ended is not None for p in a.programs))
+        assert all(p.ended is not None for p in a.programs)
+        stats = a.driver.scheduler.continuum.stats
+        resumes[flooded] = dict(stats.resumes_by_outcome)
+        # The agents' decisions: those on calls of their own (the fakes have none).
+        decisions[flooded] = sorted(d for d in stats.ttl_decisions if d[2] != "no durations")
+    print(f"\nthe agents' resumes without and with the flood: {resumes}")
+    assert decisions[True] == decisions[False] and all(ttl > 0 for _, ttl, _ in decisions[True])
+    pinned = {f: r.get("pinned", 0) / max(1, sum(r.values())) for f, r in resumes.items()}
+    assert pinned[False] >= 0.9 and pinned[True] >= 0.85, pinned

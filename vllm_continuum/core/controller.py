@@ -41,7 +41,6 @@ from vllm_continuum.core.pin_value import PoolState
 from vllm_continuum.core.pressure import PressureRule
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.queue_rules import QueueRules
-from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.programs import Program, ProgramTable
 from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, make_ttl_policy
@@ -120,10 +119,6 @@ class PinController:
             config.duration_history, config.queueing_window, config.program_window
         )
         policy = ttl_policy(config, self.workload)
-        if policy.reads_running_calls:
-            self.workload.track_running_calls(config.max_ttl_s + LATE_RETURN_S,
-                                              forget_after_s=config.program_idle_horizon_s,
-                                              max_calls=config.max_tracked_sessions)
         # Without prefix caching a pin could never be hit; a policy that never pins
         # takes no block at all (`never` with `queue_order: fcfs` is stock vLLM
         # exactly, the order blocks are freed in included).
@@ -204,8 +199,8 @@ class PinController:
         as every pin is, up to `max_ttl_s`."""
         if pin.waiters:
             return max(0.0, pin.created_at + self._policy.max_ttl_s - now)
-        self.workload.running.advance(now)
-        more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens)
+        calls = pin.program.calls if pin.program is not None else None
+        more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens, calls)
         self.stats.on_ttl_revisit(pin.tool, more)
         return more
 
@@ -271,7 +266,7 @@ class PinController:
         measured = self.programs.arrive(program, now)
         if measured is not None:
             tool, seconds = measured
-            self.workload.tool_returned(session, tool, seconds)
+            self.workload.tool_returned(tool, seconds)
             self.stats.on_tool_duration(tool, seconds)
         if turn.continues:
             turn.resuming = (pin is not None, now)
@@ -327,8 +322,6 @@ class PinController:
             anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self.hash_block_size)
             now = self.now()
             self.programs.turn_ended(program, now, tool, anchor)
-            if tool is not None:
-                self.workload.tool_called(turn.session, tool, now)
         self.programs.left(program)
         if hints.last_turn:
             # It speaks for its own program only (the one it continues, or
@@ -363,12 +356,10 @@ class PinController:
             # Freed late (a connector sent the blocks first) after the next turn
             # was allocated: it holds the context already; a pin would only expire.
             return False
-        program = pending.program
-        pin = self.maker.pin(request, pending.session, pending.tool, pending.hints, program.arrival)
+        pin = self.maker.pin(request, pending.session, pending.tool, pending.hints, pending.program)
         if pin is None:
             return False
-        pin.program = program
-        program.pins += 1
+        pending.program.pins += 1
         self._attach_late_arrivals(pin, pending.seq)
         return True
 

@@ -26,6 +26,7 @@ from vllm_continuum.core.pin_budget import cap_victims, session_quota_cut
 from vllm_continuum.core.pin_release import PinReleaser
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
 from vllm_continuum.core.pin_value import PoolState, demand_exceeds_free, marginal_blocks
+from vllm_continuum.core.programs import Program
 from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.ttl import TTLPolicy, TurnEnd
 from vllm_continuum.core.turn import TurnRequest
@@ -70,10 +71,12 @@ class PinMaker:
         self.one_kv_group = one_kv_group
         self.pool_state, self.now = pool_state, now
 
-    def pin(self, request: TurnRequest, session: str, tool: str, hints: Hints, arrival: float) -> Pin | None:
-        """Pin what the finished `request` (a turn of `session`, whose program
-        arrived at `arrival`, that called `tool`) may keep: the pin, if one now
-        holds its blocks (then they must not be freed)."""
+    def pin(self, request: TurnRequest, session: str, tool: str, hints: Hints,
+            program: Program) -> Pin | None:
+        """Pin what the finished `request` (a turn of `session`'s `program` that
+        called `tool`) may keep: the pin, if one now holds its blocks (then
+        they must not be freed)."""
+        arrival = program.arrival
         blocks, fence = self.ledger.take(request)
         hashes = tuple(request.block_hashes)
         pool_size = self.ledger.pool_size
@@ -95,7 +98,8 @@ class PinMaker:
             # The TTL is decided on what the pin will actually keep.
             kept_tokens = min(request.num_tokens, kept * self.block_size)
             ttl_s, contested_ttl_s, revisable = self._ttl(
-                TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s), kept_ids)
+                TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s, calls=program.calls),
+                kept_ids)
         cap = int(self.config.max_pinned_fraction * pool_size)
         victims = cap_victims(self.pins, kept_ids, replaced, arrival, cap=cap) if ttl_s > 0 else None
         if victims is None:
@@ -124,6 +128,7 @@ class PinMaker:
             contested_at=now + contested_ttl_s if contested_ttl_s is not None else float("inf"),
             revisable=revisable,
             context_tokens=kept_tokens,
+            program=program,
         )
         self.pins.add(pin)
         self.stats.on_pin(pin)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from vllm_continuum.config import ContinuumConfig
+from vllm_continuum.core.durations import CallHistory
 from vllm_continuum.core.pin_value import PoolState, pin_pressure
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.shrinkage import shrunk_cdf, shrunk_mean
@@ -53,6 +54,7 @@ class TurnEnd:
     tool: str
     num_context_tokens: int  # what the next turn would prefill again without a pin
     hinted_ttl_s: float | None = None
+    calls: CallHistory | None = None  # its program's own last calls (None: none returned yet)
     # With `pin_cost: pressure` only: the pool's state, and the blocks the pin
     # would add (no other pin or running request holds them; left 0 when the
     # free pool covers the waiting demand, where they do not change the cost).
@@ -76,7 +78,6 @@ class TTLPolicy(ABC):
     name: str
     honours_hints = True
     reads_pool = False  # its decisions read the pool's state (`TurnEnd.pool`)
-    reads_running_calls = False  # ... and the calls out past the cap (`WorkloadModel.running`)
 
     def __init__(self, max_ttl_s: float) -> None:
         self.max_ttl_s = max_ttl_s

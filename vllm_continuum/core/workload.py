@@ -1,7 +1,8 @@
 """What the server measures about its agent workload, for the TTL model.
 
-- Tool durations, per tool (durations.py), and the calls still running
-  (running_calls.py): one out past the cap is a duration known to outlast it.
+- Tool durations, per tool, of every program (durations.py): what the
+  paper's Eq. 2 (`ttl_policy: continuum`) learns from. The default rule
+  (`hazard`) decides on each program's own calls instead (programs.py).
 
 - T: mean queueing delay of turns that came back to find their cache gone
   (pin released, or never made), over a sliding window: what an eviction
@@ -21,7 +22,6 @@ import math
 from collections import deque
 
 from vllm_continuum.core.durations import ToolDurations
-from vllm_continuum.core.running_calls import RunningCalls
 
 # How long after a failed allocation the pool counts as contested.
 CONTENTION_WINDOW_S = 5.0
@@ -99,16 +99,10 @@ class WorkloadModel:
 
     def __init__(self, history_limit: int, queueing_window: int, program_window: int) -> None:
         self.durations = ToolDurations(history_limit)
-        self.running = RunningCalls(math.inf, math.inf)  # tracks nothing until asked to
         self.queueing = SlidingMean(queueing_window)
         self.programs = Memoryfulness(program_window)
         self.contested = False  # a request could not get blocks within CONTENTION_WINDOW_S
         self._short_at = -math.inf
-
-    def track_running_calls(self, overdue_after_s: float, forget_after_s: float,
-                            max_calls: int) -> None:
-        """Count the calls out past `overdue_after_s` (for a policy that reads them)."""
-        self.running = RunningCalls(overdue_after_s, forget_after_s, max_calls)
 
     def blocks_short(self, now: float) -> None:
         """An allocation failed for lack of blocks."""
@@ -119,11 +113,7 @@ class WorkloadModel:
         """A step begins: contention lasts CONTENTION_WINDOW_S past the last failure."""
         self.contested = now - self._short_at <= CONTENTION_WINDOW_S
 
-    def tool_called(self, session: str, tool: str, now: float) -> None:
-        self.running.start(session, tool, now)
-
-    def tool_returned(self, session: str, tool: str, seconds: float) -> None:
-        self.running.returned(session)
+    def tool_returned(self, tool: str, seconds: float) -> None:
         self.durations.add(tool, seconds)
 
     @property
