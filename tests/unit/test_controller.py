@@ -442,3 +442,50 @@ def test_an_aged_turn_waiting_for_earlier_programs_pins_restarts_its_aging():
     assert not c.queue.aged(new)
     clock.now = 14.0
     assert c.queue.aged(new)
+
+
+# ------------------------------------------------------- program order by service
+def test_service_levels_double_from_a_base():
+    from vllm_continuum.core.program_order import SERVICE_BASE, SERVICE_LEVELS, service_level
+
+    assert service_level(0) == 0  # served nothing yet: a new program's first turn
+    assert service_level(1) == service_level(SERVICE_BASE - 1) == 1
+    assert service_level(SERVICE_BASE) == service_level(2 * SERVICE_BASE - 1) == 2
+    assert service_level(2 * SERVICE_BASE) == 3
+    assert service_level(10**12) == SERVICE_LEVELS - 1
+
+
+def test_a_program_is_served_what_it_prefilled_beyond_its_hit_and_decoded():
+    c, ledger, clock = controller(program_order="service")
+    first = Req("a1", "A", [1, 2, 3], num_output_tokens=5)
+    c.on_arrival(first, None)
+    ledger.take_back(first.blocks)
+    c.after_step([(first, 0)])
+    c.on_finished(first, aborted=False, tool_called=lambda: "t")
+    program = c.pins.get("A").program
+    assert program.service == 3 * BLOCK + 5
+    nxt = Req("a2", "A", [1, 2, 3, 4], num_output_tokens=2)
+    c.on_arrival(nxt, None)
+    ledger.take_back(nxt.blocks)
+    c.after_step([(nxt, 3 * BLOCK)])  # its first 3 blocks were cached (the pin)
+    c.on_finished(nxt, aborted=False, tool_called=lambda: None)
+    assert program.service == 3 * BLOCK + 5 + BLOCK + 2
+
+
+@pytest.mark.parametrize("order", ["arrival", "service"])
+def test_under_service_order_a_new_program_goes_before_a_served_one(order):
+    """A's next turn (its pin expired) and B's first turn wait in the regular
+    lane: by arrival A's program goes first; by service B's, which has been
+    served nothing."""
+    c, ledger, clock = controller(program_order=order, default_ttl_s=1.0)
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    clock.now = 5.0
+    c.release_expired()  # A's pin expires
+    a2 = Req("a2", "A", [1, 2, 3, 4])
+    b1 = Req("b1", "B", [7, 8])
+    c.on_arrival(a2, None)
+    c.on_arrival(b1, None)
+    assert c.queue.lane_of(a2) == c.queue.lane_of(b1) == REGULAR
+    keys = {r.request_id: c.queue.queue_key(r) for r in (a2, b1)}
+    first = min(keys, key=keys.get)
+    assert first == ("a2" if order == "arrival" else "b1"), keys
