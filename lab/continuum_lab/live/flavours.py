@@ -5,6 +5,7 @@ so the command line can offer the choices without importing the benchmark."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -60,6 +61,21 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
 # The host tier's capacity, as a multiple of the KV pool (`compare --host-tier-x`).
 DEFAULT_HOST_TIER_X = 3.0
 HOST_TIER_SPEC = {"spec_name": "TorchCopyOffloadingSpec", "spec_module_path": "continuum_lab.host_tier"}
+
+
+def host_tier_setup(flavours, host_tier_x: float, num_blocks: int, num_layers: int,
+                    block_size: int) -> dict:
+    """The host tier of these flavours' servers ({} if none has one): its
+    blocks (`host_tier_x` times the pool's), the flavours, the server flags."""
+    from continuum_lab.live.bench_model import kv_bytes_per_block
+
+    named = [f for f in flavours if FLAVOURS[f].host_tier]
+    if not named:
+        return {}
+    blocks = math.ceil(host_tier_x * num_blocks)
+    size = blocks * kv_bytes_per_block(num_layers, block_size)
+    return {"x_pool": host_tier_x, "blocks": blocks, "flavours": named,
+            "args": host_tier_args(size, block_size)}
 
 
 def host_tier_args(cpu_bytes: int, block_size: int) -> list[str]:
