@@ -89,6 +89,7 @@ def host_tier_args(cpu_bytes: int, block_size: int) -> list[str]:
                                             "block_size": block_size, **HOST_TIER_SPEC}}
     return ["--kv-transfer-config", json.dumps(config)]
 
+
 # The CPU benchmark's defaults (docs/results/benchmarks-archive.md explains the choice).
 DEFAULT_WORKLOAD = "cpu-agent"
 DEFAULT_LAYERS = 2
