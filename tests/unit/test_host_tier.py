@@ -81,7 +81,9 @@ def test_the_flavours_with_a_host_tier_start_with_the_flags_vllm_takes():
     assert (FLAVOURS[STOCK_OFFLOAD].server, FLAVOURS[STOCK_OFFLOAD].host_tier) == ("stock", True)
     ships = FLAVOURS["default-offload"]
     assert (ships.server, ships.settings, ships.host_tier) == ("continuum", FLAVOURS["default"].settings, True)
-    assert [n for n, f in FLAVOURS.items() if f.host_tier] == [STOCK_OFFLOAD, "default-offload"]
+    assert FLAVOURS["never-offload"].settings == FLAVOURS["never"].settings
+    assert [n for n, f in FLAVOURS.items() if f.host_tier] == [STOCK_OFFLOAD, "default-offload",
+                                                               "never-offload"]
 
     setup = host_tier_setup(["stock", STOCK_OFFLOAD, "default", "default-offload"], 3.0, 750, 2, 32)
     assert (setup["blocks"], setup["flavours"]) == (2250, [STOCK_OFFLOAD, "default-offload"])

@@ -56,6 +56,9 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     # an evicted prefix comes back by a load from the host tier, not a prefill.
     STOCK_OFFLOAD: Flavour(STOCK_OFFLOAD, "stock", host_tier=True),
     "default-offload": Flavour("default-offload", "continuum", {}, host_tier=True),
+    # Our queue order and admission with vLLM's offload, no pins: what the
+    # admission alone does when an evicted prefix reloads from host memory.
+    "never-offload": Flavour("never-offload", "continuum", {"ttl_policy": "never"}, host_tier=True),
 }
 
 # The host tier's capacity, as a multiple of the KV pool (`compare --host-tier-x`).
