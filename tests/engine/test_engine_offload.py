@@ -146,6 +146,9 @@ def test_continuum_with_offload_resumes_from_the_pin_or_the_host_tier(servers, c
     runs = {name: hinted_pause(s.base_url, name, ttl_s=ttl, seed=seed)
             for name, s in servers.items()}
     by_source = {n: (r["cached"], r["gpu_cache"], r["host_tier"]) for n, r in runs.items()}
+    # vLLM's hit counters, counted as its prefix caches are queried, say the same.
+    assert {n: (r["prefix_cache_hits"], r["external_prefix_cache_hits"]) for n, r in runs.items()} == {
+        n: (gpu, host) for n, (_, gpu, host) in by_source.items()}
     assert by_source["stock"] == (0, 0, 0), by_source
     assert by_source["stock-offload"] == (FULL_BLOCKS, 0, FULL_BLOCKS), by_source
     assert runs["stock-offload"]["load_bytes"] > 0

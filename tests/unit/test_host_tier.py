@@ -119,6 +119,9 @@ def test_cache_counters_from_a_known_exposition(monkeypatch):
             f'vllm:kv_offload_load_time_total{{engine="0",model_name="m"}} {load_s}',
             "# TYPE vllm:kv_offload_store_bytes counter",
             f'vllm:kv_offload_store_bytes_total{{engine="0",model_name="m"}} {store_bytes}',
+            "# TYPE vllm:external_prefix_cache_hits counter",
+            f'vllm:external_prefix_cache_hits_total{{engine="0",model_name="m"}} {host}',
+            f'vllm:external_prefix_cache_hits_created{{engine="0",model_name="m"}} 1.7e9',
             "",
         ])
 
@@ -128,7 +131,8 @@ def test_cache_counters_from_a_known_exposition(monkeypatch):
         200, text=pages[url], request=httpx.Request("GET", url)))
     before, after = cache_counters("http://a"), cache_counters("http://b")
     assert after == {"computed": 400, "gpu_cache": 300, "host_tier": 300, "load_bytes": 2097152,
-                     "load_s": 0.5, "store_bytes": 3145728, "store_s": 0}
+                     "load_s": 0.5, "store_bytes": 3145728, "store_s": 0, "prefix_cache_hits": 0,
+                     "external_prefix_cache_hits": 300}
     delta = counter_delta(before, after)
     assert (delta["computed"], delta["host_tier"], delta["load_bytes"]) == (300, 300, 2097152)
     assert cache_line("x", delta) == (

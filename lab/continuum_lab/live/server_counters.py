@@ -35,7 +35,10 @@ VLLM_PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source"
 PROMPT_SOURCES = {"local_compute": "computed", "local_cache_hit": "gpu_cache",
                   "external_kv_transfer": "host_tier"}
 VLLM_OFFLOAD = {"vllm:kv_offload_load_bytes": "load_bytes", "vllm:kv_offload_load_time": "load_s",
-                "vllm:kv_offload_store_bytes": "store_bytes", "vllm:kv_offload_store_time": "store_s"}
+                "vllm:kv_offload_store_bytes": "store_bytes", "vllm:kv_offload_store_time": "store_s",
+                # The prefix caches' hits in tokens, counted as the scheduler queries them.
+                "vllm:prefix_cache_hits": "prefix_cache_hits",
+                "vllm:external_prefix_cache_hits": "external_prefix_cache_hits"}
 
 
 def _samples(base_url: str, timeout_s: float):
@@ -58,7 +61,9 @@ def cache_counters(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
     """vLLM's totals so far: prompt tokens `computed`, found in the GPU prefix
     cache (`gpu_cache`) or loaded by the KV connector (`host_tier`); the
     host tier's `load_bytes`, `load_s`, `store_bytes`, `store_s` (0 without
-    KV offload). A replay's are the difference of two reads (`counter_delta`)."""
+    KV offload); and the hits vLLM counts as its prefix caches are queried
+    (`prefix_cache_hits`, `external_prefix_cache_hits`). A replay's are the
+    difference of two reads (`counter_delta`)."""
     totals = dict.fromkeys([*PROMPT_SOURCES.values(), *VLLM_OFFLOAD.values()], 0.0)
     for sample in _samples(base_url, timeout_s):
         if sample.name == f"{VLLM_PROMPT_TOKENS_BY_SOURCE}_total":
