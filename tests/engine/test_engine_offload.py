@@ -56,7 +56,7 @@ def servers(live_servers, tiny_model_dir, tmp_path_factory):
         yield {**live_servers, **offload}
 
 
-def settled(read, *, tries: int = 40, pause_s: float = 0.25):
+def settled(read, *, tries: int = 60, pause_s: float = 0.15):
     """A server's counters once two reads agree (its last step's stats and the
     engine's idle snapshot reach /metrics a moment after the response)."""
     last = read()
@@ -111,25 +111,24 @@ def hinted_pause(url: str, label: str, *, ttl_s: float | None = None, seed: int 
 
 def test_pause_scenario_by_the_tier_that_served_turn_2(servers):
     """The project's pause scenario (vllm_continuum/demos/pause_scenario.py, unchanged)
-    on all four: stock loses turn 1's prompt to the other traffic; stock + offload
-    loads it back from the host tier; continuum and continuum + offload find it
-    pinned on the GPU, and load nothing."""
+    with KV offload (without it: test_engine_pause.py, on the same stock and
+    continuum servers): stock + offload loads turn 1's prompt back from the host
+    tier; continuum + offload finds it pinned on the GPU, and loads nothing."""
     results, sources = {}, {}
-    for name, server in servers.items():
+    for name in ("stock-offload", "continuum-offload"):
+        server = servers[name]
         before = counters(server.base_url)
         results[name] = run_pause_scenario(server.base_url, f"offload-{name}", seed=3)
         sources[name] = counter_delta(before, counters(server.base_url))
     table = {n: (r.turn2_cached_tokens, sources[n]["host_tier"], sources[n].get("resumes:pinned", 0))
              for n, r in results.items()}
     full = {n: r.turn1_full_block_tokens for n, r in results.items()}
-    assert len(set(full.values())) == 1 and full["stock"] >= 10 * BLOCK_SIZE, full
-    assert table["stock"][0] < full["stock"], table
+    assert len(set(full.values())) == 1 and full["stock-offload"] >= 10 * BLOCK_SIZE, full
     # Turn 1 and the other traffic are new to the fresh offload servers: every
     # token their host tier served over the scenario is turn 2's.
-    assert table["stock-offload"][0] == table["stock-offload"][1] >= full["stock"], table
-    for name in ("continuum", "continuum-offload"):
-        cached, host, pinned = table[name]
-        assert cached >= full[name] and host == 0 and pinned == 1, (name, table)
+    assert table["stock-offload"][0] == table["stock-offload"][1] >= full["stock-offload"], table
+    cached, host, pinned = table["continuum-offload"]
+    assert cached >= full["continuum-offload"] and host == 0 and pinned == 1, table
     assert sources["continuum-offload"]["load_bytes"] == 0, sources
     assert sources["stock-offload"]["load_bytes"] > 0 and sources["stock-offload"]["store_bytes"] > 0
 
