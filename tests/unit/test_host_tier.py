@@ -93,7 +93,7 @@ def test_the_flavours_with_a_host_tier_start_with_the_flags_vllm_takes():
     assert flag == "--kv-transfer-config" and extra["cpu_bytes_to_use"] == 2250 * 65536
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    config = EngineArgs.from_cli_args(parser.parse_args(["--model", "m", *setup["args"]])).kv_transfer_config
+    config = parser.parse_args(["--model", "m", *setup["args"]]).kv_transfer_config
     assert (config.kv_connector, config.kv_role) == ("OffloadingConnector", "kv_both")
     spec = OffloadingSpecFactory.get_spec_cls(config.kv_connector_extra_config)
     assert spec is TorchCopyOffloadingSpec and issubclass(spec, CPUOffloadingSpec)
