@@ -22,7 +22,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from vllm_continuum.core.durations import CallHistory
 from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.workload import WorkloadModel
@@ -36,11 +35,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     workload = WorkloadModel(history_limit=1000, queueing_window=16, program_window=16)
     specs = {"view": "browse-agent", "browse": "browse-agent", "ci": "ci-agent"}
-    calls = CallHistory(limit=600)  # one program's calls (a program keeps its last 32: more, to draw)
     for tool, spec_name in specs.items():
         spec = next(t for t in load_spec(spec_name).tools if t.name == tool)
         for d in spec.duration_s.sample(rng, 200):
-            calls.add(tool, float(d))
+            workload.tools.of(None).durations.add(tool, float(d))
     workload.queueing.add(5.0)
     workload.blocks_short(0.0)  # the pool contested: memory has its price (else it is free)
     policy = HazardTTLPolicy(workload, PrefillProfile(), max_ttl_s=30.0)  # revisits every 5 s
@@ -50,11 +48,11 @@ def main() -> None:
     # the cap | it has run a seconds), from the mixture the rule reads.
     elapsed = np.linspace(0, 30, 301)
     for tool, colour in tools:
-        parts = policy.parts(tool, calls)
+        parts = policy.parts(tool)
         p = []
         for a in elapsed:
-            alive = sum(w * sum(1 for x in s if x > a) / len(s) for w, s in parts if s)
-            back = sum(w * sum(1 for x in s if a < x <= 30) / len(s) for w, s in parts if s)
+            alive = sum(w * (sum(1 for x in s if x > a) + k) / (len(s) + k) for w, s, k in parts if s or k)
+            back = sum(w * sum(1 for x in s if a < x <= 30) / (len(s) + k) for w, s, k in parts if s or k)
             p.append(back / alive if alive > 0 else 0.0)
         top.plot(elapsed, p, color=colour, label=tool)
     top.set_ylabel("P(returns by 30 s |\nstill running at t)")
@@ -67,7 +65,7 @@ def main() -> None:
     for y, (tool, colour) in enumerate(rows):
         t = 0.0
         while True:
-            more = policy.revisit(tool, t, TOKENS, calls)
+            more = policy.revisit(tool, t, TOKENS)
             if more <= 0:
                 break
             bottom.barh(y, more, left=t, color=colour, alpha=0.6, edgecolor="black", linewidth=0.6)

@@ -229,7 +229,8 @@ class ContinuumConfig(BaseSettings):
         1000, ge=1, description="continuum: finished programs used for eta."
     )
     program_idle_horizon_s: float = Field(
-        600.0, gt=0, description="A session idle this long counts as a finished program."
+        600.0, gt=0, description="A program with nothing queued, running or pinned this long "
+        "counts as finished (it keeps its place while remembered)."
     )
     prefill_profile: str | None = Field(
         None,
@@ -265,7 +266,8 @@ class ContinuumConfig(BaseSettings):
         "None follows vLLM's.",
     )
     max_tracked_sessions: int = Field(
-        100_000, ge=1, description="Sessions remembered for arrival order (LRU)."
+        100_000, ge=1, description="Programs (a session id's contexts) remembered for their place "
+        "and calls (segmented LRU)."
     )
     # What the API server reads from agent clients (vllm_continuum/frontend/, loaded with
     # --middleware vllm_continuum.frontend.middleware.ClientSessionMiddleware).

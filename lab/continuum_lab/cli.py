@@ -32,6 +32,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a size or a multiple (of the KV pool, ...), above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number above 0")
+    return value
+
+
 def publish_arg(p: argparse.ArgumentParser) -> None:
     """`--publish NAME`, for the commands that print a measured report (publish.py)."""
     from continuum_lab.publish import result_name

@@ -103,6 +103,7 @@ def make_request(
     max_tokens: int = 4,
     xargs: dict | None = None,
     priority: int = 0,
+    cache_salt: str | None = None,
 ) -> Request:
     """A request as vLLM builds it: `arrival_time` is the wall clock
     (`WALL_CLOCK`, the real epoch), far from the scheduler's clock (FakeClock,
@@ -111,6 +112,7 @@ def make_request(
     return synthetic_request(
         f"req-{next(_ids)}", list(prompt), hasher=_block_hasher, max_tokens=max_tokens,
         session=session, xargs=xargs, priority=priority, arrival=WALL_CLOCK.stamp(),
+        cache_salt=cache_salt,
     )
 
 

@@ -270,7 +270,7 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
     s = d.scheduler
     t1 = first_turn(d, "A", name="search")
     pin = s.continuum.pins.get("A")
-    durations = s.continuum.workload.durations.num_samples
+    durations = s.continuum.workload.tools.num_samples
 
     d.advance(1.0)
     stranger = make_request(tokens(777, 80), session="A", max_tokens=4)
@@ -290,7 +290,7 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
         else:
             d.run_until_finished(other)
         assert s.continuum.pins.holds(pin)
-    assert s.continuum.workload.durations.num_samples == durations
+    assert s.continuum.workload.tools.num_samples == durations
     assert pin.program in s.continuum.programs and pin.program.turns == 1  # A's program lives on
     assert len(s.continuum.workload.programs) == 1  # the stranger's last turn ended its own
     assert s.continuum.stats.releases_by_reason == {}
@@ -301,7 +301,7 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
     admitted_hit(d, t2)
     assert not s.continuum.pins.holds(pin)
     assert s.continuum.stats.releases_by_reason == {"resumed": 1}
-    assert s.continuum.workload.durations.num_samples == durations + 1
+    assert s.continuum.workload.tools.num_samples == durations + 1
     drain(d)
     assert_all_free(d)
 

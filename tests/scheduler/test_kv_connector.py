@@ -144,7 +144,7 @@ def test_a_connector_that_frees_late_ends_the_turn_when_it_finishes(tiny_model_d
     assert t1.request_id in s.requests  # finished, blocks still held for the connector
     clock.advance(0.5)  # the tool runs
     t2 = d.add(next_turn(t1, extra=40), answer_script())
-    assert s.continuum.workload.durations.of("search").sorted == [0.5]
+    assert s.continuum.workload.tools.of(None).durations.of("search").sorted == [0.5]
     d.until(lambda: t2.num_computed_tokens > 0)  # admitted, its prefix found cached
     d.send_done.add(t1.request_id)  # now the connector gives the blocks back
     d.until(t2.is_finished)

@@ -47,6 +47,7 @@ class Program:
     decode: int = 6  # tokens a turn decodes before its tool call (or answer)
     grows: bool = True  # each turn's prompt extends the last one's context (else: the same prompt)
     xargs: dict | None = None  # hints sent with every turn
+    salt: str | None = None  # its cache_salt (a tenant)
     turn: int = 0
     live: object = None
     paused: int = 0
@@ -70,7 +71,8 @@ class Agents:
         script = ([FILLER_TOKEN] * p.decode + ([EOS_TOKEN_ID] if last
                                                else [self.tool_token, FILLER_TOKEN, EOS_TOKEN_ID]))
         xargs = {**(p.xargs or {}), **({"continuum_last_turn": True} if last else {})}
-        p.live = make_request(p.prompt, session=p.name, max_tokens=p.decode + 10, xargs=xargs or None)
+        p.live = make_request(p.prompt, session=p.name, max_tokens=p.decode + 10, xargs=xargs or None,
+                              cache_salt=p.salt)
         self.driver.add(p.live, script)
 
     def add_one_shot(self, size: int) -> str:

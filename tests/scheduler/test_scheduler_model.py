@@ -72,7 +72,7 @@ def test_tool_durations_t_and_eta_are_measured(build):
     t2 = next_turn(t1)
     d.add(t2, answer_script())
     admitted_hit(d, t2)
-    assert s.continuum.workload.durations.of("search").sorted == [pytest.approx(1.25)]
+    assert s.continuum.workload.tools.of(None).durations.of("search").sorted == [pytest.approx(1.25)]
 
     # B's pin expires before its next turn: that turn's queueing delay is T.
     u1 = first_turn(d, "B", start=3000, name="search")

@@ -53,6 +53,7 @@ SESSIONS = [None, "a", "b", "c", "d", "e"]
 MAX_QUEUE_DELAY_S = 0.25  # short: requests go overdue often in 100 rules
 MAX_TURN_DELAY_S = 1.0  # and session turns too
 STEP_S = 0.05  # the synthetic engine's step time: waiting bounds run out in steps too
+IDLE_HORIZON_S = 5.0  # program_idle_horizon_s (clock jumps of 10-45 s pass it)
 
 
 def scheduler_machine(
@@ -79,6 +80,8 @@ def scheduler_machine(
                 "max_turn_aging_s": MAX_TURN_DELAY_S,
                 # Without a fixed TTL, pins last until the cap: short, so that they expire.
                 "max_ttl_s": 30.0 if ttl_policy == "fixed" else 1.0,
+                # Shorter than the clock's jumps: queued and running turns outlast it.
+                "program_idle_horizon_s": IDLE_HORIZON_S,
             }
             self.s = make_scheduler(
                 model_dir, num_blocks=NUM_BLOCKS, async_scheduling=async_scheduling,
@@ -104,6 +107,7 @@ def scheduler_machine(
             self._watch_preemption()
             self._watch_pressure()
             self._watch_grace()
+            self._watch_last_turns()
             self._slow_vllm_calls()
 
         # -- instrumentation ---------------------------------------------
@@ -131,6 +135,21 @@ def scheduler_machine(
                 return stock(pin, reason)
 
             self.s.continuum.releaser.release = release
+
+        def _watch_last_turns(self):
+            """The programs their own last turn ended (a fork of one may still have
+            a turn queued: the only way a program with a live turn leaves the table)."""
+            self.ended_by_own_last_turn: set = set()
+            c = self.s.continuum
+            end = c.on_turn_end
+
+            def on_turn_end(request, *args, **kwargs):
+                turn = c.turns.get(request.request_id)
+                if turn is not None and turn.program is not None and turn.hints.last_turn:
+                    self.ended_by_own_last_turn.add(turn.program)
+                return end(request, *args, **kwargs)
+
+            c.on_turn_end = on_turn_end
 
         def _slow_vllm_calls(self):
             """Time passes inside vLLM's own calls within a step (prefix lookup,
@@ -204,7 +223,10 @@ def scheduler_machine(
         def new_request(self, session, continue_history, extra, max_tokens, script, hints):
             base = self.histories.get(session, []) if (session and continue_history) else []
             prompt = (base + [self._fresh() for _ in range(extra)])[-300:]
-            priority = self.next_token % 3 if scheduling_policy == "priority" else 0
+            # Priority: a few common levels, and now and then one of thousands.
+            priority = 0
+            if scheduling_policy == "priority":
+                priority = self.next_token % 3 if self.next_token % 5 else 10 + self.next_token
             request = make_request(prompt, session=session, max_tokens=max_tokens,
                                    xargs=hints or None,
                                    priority=priority)
@@ -278,6 +300,51 @@ def scheduler_machine(
                 hints = {"continuum_tool": "search"} if kind == "one session" else {}
                 self.new_request(session, False, 16 + i % 32, 1 + i % 3, "tool", hints)
             self.step(2)
+
+        @rule(sessions=st.lists(st.sampled_from(SESSIONS[1:]), min_size=2, max_size=4, unique=True),
+              rounds=st.integers(2, 6))
+        def later_programs_cycle_their_pins(self, sessions, rounds):
+            """Issue 46: sessions cycle fast tool calls on a context that does not
+            grow (the same prompt every turn), each turn hinted the 300 s TTL the
+            middleware takes from Claude Code, a step apart: whoever they keep
+            out starts its turn bound, and the invariants hold."""
+            seen["cycling rounds"] += 1
+            for _ in range(rounds):
+                for session in sessions:
+                    history = self.histories.get(session)
+                    if history and not any(r.session_id == session for r in self.live.values()):
+                        request = make_request(history[-300:], session=session, max_tokens=3,
+                                               xargs={"continuum_ttl_s": 300})
+                        self.outputs[request.request_id] = [self.tool_token, FILLER_TOKEN, EOS_TOKEN_ID]
+                        self.live[request.request_id] = request
+                        self.s.add_request(request)
+                self.step(1)
+
+        @rule(session=st.sampled_from(SESSIONS[1:]), closes=st.booleans(), length=st.integers(8, 64))
+        def stranger_with_a_guessed_id(self, session, closes, length):
+            """A request under another session's id, not continuing its context,
+            perhaps with the last-turn hint (or Dynamo's close): it opens its own
+            program and ends nothing else (checked by `programs_of_live_turns`)."""
+            seen["guessed ids"] += 1
+            request = make_request([self._fresh() for _ in range(length)], session=session,
+                                   max_tokens=2, xargs={"continuum_last_turn": 1} if closes else None)
+            self.outputs[request.request_id] = [FILLER_TOKEN, EOS_TOKEN_ID]
+            self.live[request.request_id] = request
+            self.branches.add(request.request_id)
+            self.s.add_request(request)
+
+        @rule(count=st.integers(5, 30))
+        def fake_tool_calls(self, count):
+            """One client's tiny requests, each under a fresh id, hinted a tool the
+            sessions use, never followed up: they decide nobody else's TTLs."""
+            seen["fake tool calls"] += count
+            for i in range(count):
+                request = make_request([self._fresh()] * 4, session=f"fake-{self.next_token}-{i}",
+                                       max_tokens=1, xargs={"continuum_tool": "search"})
+                self.outputs[request.request_id] = [FILLER_TOKEN]
+                self.live[request.request_id] = request
+                self.branches.add(request.request_id)
+                self.s.add_request(request)
 
         @rule(pick=st.integers(0, 1000), queued_turn=st.booleans())
         def abort(self, pick, queued_turn):
@@ -353,6 +420,35 @@ def scheduler_machine(
                 assert pins.num_pinned_blocks == distinct <= cap
                 # The gauge's per-pin shares add up to the distinct blocks.
                 assert abs(sum(pins.share(p) for p in pins) - distinct) < 1e-6
+
+        @invariant()
+        def programs_of_live_turns(self):
+            """A program with a turn queued or running is never forgotten (the idle
+            horizon passes it by) nor ended by another program's request (a guessed
+            id's last turn): the table holds it, and a pin's program while it lives
+            with a turn of it queued."""
+            if not hasattr(self, "s"):
+                return
+            c = self.s.continuum
+            for turn in c.turns.values():
+                if turn.program is not None:
+                    assert (turn.program in c.programs or turn.program in self.ended_by_own_last_turn), \
+                        "a busy program was forgotten, or ended by another program's request"
+                    seen["live programs checked"] += 1
+
+        @invariant()
+        def per_level_state_is_bounded(self):
+            """Priority levels are the clients' choice: the bounds' marks and the
+            queue's per-level heaps exist only for levels with requests waiting
+            (and the levels marked since the last admitting step)."""
+            if not hasattr(self, "s"):
+                return
+            queue, rules = self.s.waiting, self.s.continuum.queue
+            levels = {r.priority for r in queue}
+            for bound in (rules.bound, rules.turn_bound, rules.aging):
+                assert bound.num_levels <= len(levels | bound._touched), (bound.num_levels, levels)
+            if hasattr(queue, "_aging"):
+                assert {level for _, level in queue._aging} <= levels
 
         def teardown(self):
             if not hasattr(self, "s"):
@@ -516,7 +612,8 @@ def test_scheduler_state_machine(
     print(*key, dict(seen))
     connector = ttl_policy.endswith("+connector")
     required = ["pins", "release:expired", "release:reset", "floods",
-                "programs ended", "preemptions", "order checks", "slow vLLM calls"]
+                "programs ended", "preemptions", "order checks", "slow vLLM calls",
+                "cycling rounds", "guessed ids", "fake tool calls", "live programs checked"]
     if ttl_policy.startswith("shipped"):
         # `hazard` decides again as a pin's TTL passes; here (a 1 s cap, the
         # clock jumping by 10-45 s) its pins mostly go at that revisit

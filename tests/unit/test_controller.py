@@ -62,6 +62,7 @@ class Req:
     priority: int = 0
     block_hashes: list = field(default_factory=list)
     status: str = "waiting"
+    cache_salt: str | None = None  # its tenant (core/tool_stats.py)
 
     def __post_init__(self) -> None:
         if not self.block_hashes:  # hashes chain: the prefix is the identity
@@ -173,7 +174,7 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
     nxt = Req("a2", "A", [1, 2, 3, 4])
     c.on_arrival(nxt, None)
     assert c.queue.lane_of(nxt) == PINNED and c.queue.queue_key(nxt)[1] == 1.0  # the program's place
-    assert c.workload.durations.of("search").sorted == [3.0]  # turn end 1 s, arrival 4 s
+    assert c.workload.tools.of(None).durations.of("search").sorted == [3.0]  # turn end 1 s, arrival 4 s
     c.after_step([(nxt, 12)])
     assert c.stats.releases_by_reason == {"resumed": 1}
 
@@ -334,7 +335,7 @@ def test_the_measured_tool_duration_feeds_the_model_only_from_the_program_itself
     clock.now = 1.25
     c.on_arrival(Req("s1", "A", [5, 6]), None)  # a stranger: no duration
     c.on_arrival(Req("a2", "A", [1, 2, 3, 4]), None)
-    assert c.workload.durations.of("search").sorted == [pytest.approx(1.25)]
+    assert c.workload.tools.of(None).durations.of("search").sorted == [pytest.approx(1.25)]
 
 
 def test_without_prefix_caching_nothing_is_pinned():

@@ -90,9 +90,9 @@ def test_a_rare_slow_tool_earns_its_own_ttl_after_a_few_calls():
     cliff, shrunk = continuum(k=50), continuum(k=50, prior_samples=8)
     for p in (cliff, shrunk):
         for _ in range(90):
-            p.workload.durations.add("cat", 0.1)
+            p.workload.tools.of(None).durations.add("cat", 0.1)
         for _ in range(5):
-            p.workload.durations.add("pytest", 10.0)
+            p.workload.tools.of(None).durations.add("pytest", 10.0)
     assert cliff.decide(TurnEnd("s", "pytest", 10)).ttl_s == 0.1
     decision = shrunk.decide(TurnEnd("s", "pytest", 10))
     assert (decision.source, decision.ttl_s) == ("shrunk CDF", 10.0)
@@ -144,7 +144,7 @@ def test_pin_pressure_by_hand(pool, marginal, expected):
 def test_pressure_aware_ttl(pool, expected):
     p = continuum(k=0, c0=2.0, pin_cost="pressure")
     for d in (0.5, 1.0, 8.0):
-        p.workload.durations.add("t", d)
+        p.workload.tools.of(None).durations.add("t", d)
     decision = p.decide(TurnEnd("s", "t", 10, marginal_blocks=20, pool=pool))
     assert decision.ttl_s == expected
     assert decision.contested_ttl_s == 1.0  # held against waiting requests: Eq. 2's TTL
@@ -155,7 +155,7 @@ def test_demand_cost_pins_until_someone_waits_then_eq2():
     TTL is the cap; waiting requests get the blocks after Eq. 2's TTL (1 s)."""
     p = continuum(k=0, c0=2.0, pin_cost="demand")
     for d in (0.5, 1.0, 8.0):
-        p.workload.durations.add("t", d)
+        p.workload.tools.of(None).durations.add("t", d)
     busy = PoolState(free_blocks=0, demand_blocks=100)
     decision = p.decide(TurnEnd("s", "t", 10, marginal_blocks=20, pool=busy))
     assert (decision.ttl_s, decision.contested_ttl_s) == (1e9, 1.0)  # 1e9: the test's cap
@@ -179,7 +179,7 @@ def eq2_controller(pool_state=None, **settings):
     c = PinController(config, ledger, ContinuumStats(writer=None), block_size=4,
                       hash_block_size=4, clock=clock, ttl_policy=policy, **extra)
     for d in (0.5, 1.0, 8.0):
-        c.workload.durations.add("t", d)
+        c.workload.tools.of(None).durations.add("t", d)
     return c, ledger, clock
 
 

@@ -82,14 +82,14 @@ def policy(k=3, c0=2.0, c1=0.0, queueing=0.0):
 def test_cold_start_until_more_than_k_samples_in_all():
     p = policy(k=3, c0=5.0)  # B = 5 s: cold start gives ln 5
     for _ in range(3):
-        p.workload.durations.add("b", 0.5)
+        p.workload.tools.of(None).durations.add("b", 0.5)
     decision = p.decide(TurnEnd("s", "a", 100))
     assert (decision.source, decision.ttl_s) == ("cold start", pytest.approx(math.log(5)))
-    p.workload.durations.add("a", 0.25)  # 4 samples in all, 1 of "a"
+    p.workload.tools.of(None).durations.add("a", 0.25)  # 4 samples in all, 1 of "a"
     decision = p.decide(TurnEnd("s", "a", 100))
     assert (decision.source, decision.ttl_s) == ("global CDF", 0.5)
     for _ in range(3):
-        p.workload.durations.add("a", 0.25)  # 4 of "a": more than K
+        p.workload.tools.of(None).durations.add("a", 0.25)  # 4 of "a": more than K
     decision = p.decide(TurnEnd("s", "a", 100))
     assert (decision.source, decision.ttl_s) == ("tool CDF", 0.25)
 
@@ -97,7 +97,7 @@ def test_cold_start_until_more_than_k_samples_in_all():
 def test_a_new_tool_borrows_the_global_cdf():
     p = policy(k=2, c0=3.0)
     for d in (0.2, 0.3, 0.4):
-        p.workload.durations.add("fast", d)
+        p.workload.tools.of(None).durations.add("fast", d)
     decision = p.decide(TurnEnd("s", "new-tool", 10))
     assert (decision.source, decision.ttl_s) == ("global CDF", 0.4)
 
@@ -105,8 +105,8 @@ def test_a_new_tool_borrows_the_global_cdf():
 def test_short_tools_are_pinned_and_long_ones_are_not():
     p = policy(k=2, c0=1.0)  # B = 1 s
     for _ in range(5):
-        p.workload.durations.add("grep", 0.05)
-        p.workload.durations.add("build", 30.0)
+        p.workload.tools.of(None).durations.add("grep", 0.05)
+        p.workload.tools.of(None).durations.add("build", 30.0)
     assert p.decide(TurnEnd("s", "grep", 10)).ttl_s == 0.05
     assert p.decide(TurnEnd("s", "build", 10)).ttl_s == 0
 
@@ -114,7 +114,7 @@ def test_short_tools_are_pinned_and_long_ones_are_not():
 def test_queueing_delay_times_eta_is_part_of_the_benefit():
     p = policy(k=0, c0=0.1, queueing=4.0)  # B = T * eta + reload = 4 * 1 + 0.1
     for _ in range(3):
-        p.workload.durations.add("t", 3.0)
+        p.workload.tools.of(None).durations.add("t", 3.0)
     assert p.decide(TurnEnd("s", "t", 10)).ttl_s == 3.0
     for _ in range(5):
         p.workload.programs.add(1)  # single-turn programs: no memory, eta = 0

@@ -42,6 +42,7 @@ from vllm_continuum.core.pressure import PressureRule
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.programs import Program, ProgramTable
+from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, make_ttl_policy
 from vllm_continuum.core.turn import Turn, TurnRequest
@@ -120,6 +121,10 @@ class PinController:
             config.duration_history, config.queueing_window, config.program_window
         )
         policy = ttl_policy(config, self.workload)
+        if policy.reads_running_calls:
+            self.workload.tools.track_running_calls(config.max_ttl_s + LATE_RETURN_S,
+                                                    forget_after_s=config.program_idle_horizon_s,
+                                                    max_calls=config.max_tracked_sessions)
         # Without prefix caching a pin could never be hit; a policy that never pins
         # takes no block at all (`never` with `queue_order: fcfs` is stock vLLM
         # exactly, the order blocks are freed in included).
@@ -200,8 +205,9 @@ class PinController:
         as every pin is, up to `max_ttl_s`."""
         if pin.waiters:
             return max(0.0, pin.created_at + self._policy.max_ttl_s - now)
-        calls = pin.program.calls if pin.program is not None else None
-        more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens, calls)
+        tenant = pin.program.tenant if pin.program is not None else None
+        self.workload.tools.advance(tenant, now)
+        more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens, tenant)
         self.stats.on_ttl_revisit(pin.tool, more)
         return more
 
@@ -262,13 +268,13 @@ class PinController:
             program = self.programs.restore(pin.program, now)
         turn.continues = program is not None
         if program is None:  # it continues none of the session's programs: its own
-            program = self.programs.open(session, now, arrival)
+            program = self.programs.open(session, now, arrival, request.cache_salt)
         turn.program, turn.program_arrival = program, program.arrival
         turn.rank = self.order.rank(program)
         measured = self.programs.arrive(program, now)
         if measured is not None:
             tool, seconds = measured
-            self.workload.tool_returned(tool, seconds)
+            self.workload.tool_returned(program.tenant, session, tool, seconds)
             self.stats.on_tool_duration(tool, seconds)
         if turn.continues:
             turn.resuming = (pin is not None, now)
@@ -326,6 +332,8 @@ class PinController:
             anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self.hash_block_size)
             now = self.now()
             self.programs.turn_ended(program, now, tool, anchor)
+            if tool is not None:
+                self.workload.tool_called(program.tenant, turn.session, tool, now)
         self.programs.left(program)
         if hints.last_turn:
             # It speaks for its own program only (the one it continues, or

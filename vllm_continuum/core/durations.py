@@ -1,21 +1,14 @@
-"""Recorded tool durations, as empirical CDFs.
+"""Recorded tool durations, per tool and across all tools, as empirical CDFs.
 
-- `ToolDurations`: every program's, per tool and across all tools (the
-  paper's Eq. 2, `ttl_policy: continuum`, learns from them, and the
-  metrics report them). Each history keeps the newest `limit` durations both
-  in arrival order (to forget the oldest) and sorted (so P(tau) and the TTL
-  arg-max are one pass, and an insertion is a binary search).
-- `CallHistory`: one program's own last calls, what the default rule
-  (`ttl_policy: hazard`) decides that program's pins on: another program's
-  traffic never enters it, so no client can change another's TTLs.
+Each history keeps the newest `limit` durations both in arrival order (to
+forget the oldest) and sorted (so P(tau) and the TTL arg-max are one pass,
+and an insertion is a binary search).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
-
-PROGRAM_CALLS = 32  # a program's last calls kept (`CallHistory`)
 
 
 class DurationHistory:
@@ -66,27 +59,3 @@ class ToolDurations:
 
     def tools(self) -> list[str]:
         return list(self._by_tool)
-
-
-class CallHistory:
-    """A program's last `limit` returned tool calls, (tool, seconds). Small, so
-    its sorted views are built when read (a decision reads two)."""
-
-    __slots__ = ("_calls",)
-
-    def __init__(self, limit: int = PROGRAM_CALLS) -> None:
-        self._calls: deque[tuple[str, float]] = deque(maxlen=limit)
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def add(self, tool: str, seconds: float) -> None:
-        self._calls.append((tool, seconds))
-
-    def of(self, tool: str) -> list[float]:
-        """The durations of its calls of `tool`, sorted."""
-        return sorted(seconds for name, seconds in self._calls if name == tool)
-
-    def all(self) -> list[float]:
-        """The durations of all its calls, sorted."""
-        return sorted(seconds for _, seconds in self._calls)

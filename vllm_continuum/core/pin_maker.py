@@ -98,7 +98,7 @@ class PinMaker:
             # The TTL is decided on what the pin will actually keep.
             kept_tokens = min(request.num_tokens, kept * self.block_size)
             ttl_s, contested_ttl_s, revisable = self._ttl(
-                TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s, calls=program.calls),
+                TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s, tenant=program.tenant),
                 kept_ids)
         cap = int(self.config.max_pinned_fraction * pool_size)
         victims = cap_victims(self.pins, kept_ids, replaced, arrival, cap=cap) if ttl_s > 0 else None

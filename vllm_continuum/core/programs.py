@@ -7,8 +7,9 @@ context its last turn left (its `Anchor`). What is kept of it:
 - its first arrival: programs are served in arrival order, and under
   pressure the pins of the programs that arrived last go first;
 - when its last turn ended, the tool that turn called, and the anchor: the
-  next turn's arrival measures the tool's duration, as the paper does, and
-  the program keeps its last calls (what its pins' TTLs are decided on);
+  next turn's arrival measures the tool's duration, as the paper does;
+- its tenant (its first request's `cache_salt`): whose tool statistics
+  decide its pins' TTLs (tool_stats.py);
 - how many turns it has had (eta, when it ends: a last-turn hint, or idle
   past a horizon), and how many of its requests are queued or running and
   how many pins hold its context (while any is, it is not idle).
@@ -38,7 +39,6 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from vllm_continuum.core.durations import CallHistory
 from vllm_continuum.core.pin_table import Anchor
 
 
@@ -48,6 +48,7 @@ class Program:
     arrival: float  # its first request's arrival (controller clock, as every time here)
     last_seen: float
     key: int = 0  # unique, for the tables
+    tenant: str | None = None  # its first request's cache_salt (tool_stats.py)
     turns: int = 0  # turns ended since it opened (or last went idle)
     live: int = 0  # its requests queued or running
     pins: int = 0  # pins holding its context
@@ -55,7 +56,6 @@ class Program:
     last_end: float | None = None  # when its last turn ended
     last_tool: str | None = None  # the tool its last turn called, until the call returns
     anchor: Anchor | None = None  # the prefix its next turn continues
-    calls: CallHistory | None = None  # its own returned calls (made at the first)
     table: OrderedDict | None = field(default=None, repr=False)  # the LRU segment holding it
 
     @property
@@ -106,9 +106,9 @@ class ProgramTable:
                 best = p
         return best
 
-    def open(self, session: str, now: float, arrival: float) -> Program:
+    def open(self, session: str, now: float, arrival: float, tenant: str | None = None) -> Program:
         """A program opened by a request that continues none of the session's."""
-        program = Program(session, arrival, now, key=next(self._keys))
+        program = Program(session, arrival, now, key=next(self._keys), tenant=tenant)
         self._insert(program, self._opening)
         return program
 
@@ -123,8 +123,7 @@ class ProgramTable:
 
     def arrive(self, program: Program, now: float) -> tuple[str, float] | None:
         """A request of the program arrived: (tool, duration) of the call its
-        last turn made, if that call is now known to have returned (also kept
-        in the program's `calls`)."""
+        last turn made, if that call is now known to have returned."""
         program.live += 1
         program.last_seen = now
         if program.table is self._idle:
@@ -135,9 +134,6 @@ class ProgramTable:
             return None
         measured = (program.last_tool, max(0.0, now - program.last_end))
         program.last_tool = None
-        if program.calls is None:
-            program.calls = CallHistory()
-        program.calls.add(*measured)
         return measured
 
     # --- end of a turn ------------------------------------------------------

@@ -39,11 +39,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from vllm_continuum.config import ContinuumConfig
-from vllm_continuum.core.durations import CallHistory
+from vllm_continuum.core.durations import ToolDurations
 from vllm_continuum.core.pin_value import PoolState, pin_pressure
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.shrinkage import shrunk_cdf, shrunk_mean
 from vllm_continuum.core.workload import WorkloadModel
+
+
+NO_DURATIONS = ToolDurations(1)  # a tenant with no call recorded (read only)
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class TurnEnd:
     tool: str
     num_context_tokens: int  # what the next turn would prefill again without a pin
     hinted_ttl_s: float | None = None
-    calls: CallHistory | None = None  # its program's own last calls (None: none returned yet)
+    tenant: str | None = None  # its request's cache_salt: whose tool statistics decide (tool_stats.py)
     # With `pin_cost: pressure` only: the pool's state, and the blocks the pin
     # would add (no other pin or running request holds them; left 0 when the
     # free pool covers the waiting demand, where they do not change the cost).
@@ -78,6 +81,7 @@ class TTLPolicy(ABC):
     name: str
     honours_hints = True
     reads_pool = False  # its decisions read the pool's state (`TurnEnd.pool`)
+    reads_running_calls = False  # ... and the calls out past the cap (`WorkloadModel.tools`)
 
     def __init__(self, max_ttl_s: float) -> None:
         self.max_ttl_s = max_ttl_s
@@ -248,7 +252,8 @@ class ContinuumTTLPolicy(TTLPolicy):
 
     def _eq2(self, turn: TurnEnd) -> tuple[Callable[[float], float], float, str]:
         """(tau*(B) on the turn's duration CDF, B, the CDF's name)."""
-        durations = self.workload.durations
+        tools = self.workload.tools.get(turn.tenant)  # its tenant's calls only
+        durations = tools.durations if tools is not None else NO_DURATIONS
         if self.prior_samples is not None:
             cdf = shrunk_cdf(durations, turn.tool, self.prior_samples)
             programs = self.workload.programs

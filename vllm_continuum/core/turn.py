@@ -24,6 +24,7 @@ class TurnRequest(Protocol):
     num_output_tokens: int
     priority: int
     status: object  # compared with the statuses the controller is given
+    cache_salt: str | None  # its tenant (tool_stats.py)
 
 
 @dataclass(slots=True)

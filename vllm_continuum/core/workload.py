@@ -1,8 +1,9 @@
 """What the server measures about its agent workload, for the TTL model.
 
-- Tool durations, per tool, of every program (durations.py): what the
-  paper's Eq. 2 (`ttl_policy: continuum`) learns from. The default rule
-  (`hazard`) decides on each program's own calls instead (programs.py).
+- Tool durations, per tool (durations.py), and the calls still running
+  (running_calls.py): one out past the cap is a duration known to outlast it.
+  Both per tenant (tool_stats.py: a request's `cache_salt`), so that no
+  tenant's calls change another's TTLs.
 
 - T: mean queueing delay of turns that came back to find their cache gone
   (pin released, or never made), over a sliding window: what an eviction
@@ -21,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from vllm_continuum.core.durations import ToolDurations
+from vllm_continuum.core.tool_stats import Tenant, ToolStats
 
 # How long after a failed allocation the pool counts as contested.
 CONTENTION_WINDOW_S = 5.0
@@ -98,7 +99,7 @@ class WorkloadModel:
     """The measured inputs of the TTL model, fed by the scheduler adapter."""
 
     def __init__(self, history_limit: int, queueing_window: int, program_window: int) -> None:
-        self.durations = ToolDurations(history_limit)
+        self.tools = ToolStats(history_limit)  # tracks no call in flight until asked to
         self.queueing = SlidingMean(queueing_window)
         self.programs = Memoryfulness(program_window)
         self.contested = False  # a request could not get blocks within CONTENTION_WINDOW_S
@@ -113,8 +114,11 @@ class WorkloadModel:
         """A step begins: contention lasts CONTENTION_WINDOW_S past the last failure."""
         self.contested = now - self._short_at <= CONTENTION_WINDOW_S
 
-    def tool_returned(self, tool: str, seconds: float) -> None:
-        self.durations.add(tool, seconds)
+    def tool_called(self, tenant: Tenant, session: str, tool: str, now: float) -> None:
+        self.tools.called(tenant, session, tool, now)
+
+    def tool_returned(self, tenant: Tenant, session: str, tool: str, seconds: float) -> None:
+        self.tools.returned(tenant, session, tool, seconds)
 
     @property
     def mean_queueing_delay_s(self) -> float:

@@ -33,6 +33,14 @@ BUILD_VERSION = "1"
 MARKER = ".vllm_continuum_bench_model.json"
 
 
+def kv_bytes_per_block(num_layers: int, block_size: int, dtype_bytes: int = 4) -> int:
+    """The benchmark model's KV cache bytes a block (keys and values of every
+    layer; float32 as the CPU servers run it): what sizes a host tier."""
+    head_dim = QWEN25_05B_SHAPE["hidden_size"] // QWEN25_05B_SHAPE["num_attention_heads"]
+    per_token = 2 * QWEN25_05B_SHAPE["num_key_value_heads"] * head_dim * dtype_bytes * num_layers
+    return per_token * block_size
+
+
 def bench_model_spec(num_layers: int) -> dict:
     return {**QWEN25_05B_SHAPE, "num_hidden_layers": num_layers, "build": BUILD_VERSION}
 

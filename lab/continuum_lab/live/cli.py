@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from continuum_lab.cli import command_line, positive_int, publish_arg, workload_args
+from continuum_lab.cli import command_line, positive_float, positive_int, publish_arg, workload_args
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -33,7 +33,8 @@ def _compare(args: argparse.Namespace) -> int:
         num_programs=args.programs, rate=args.rate, seed=args.seed,
         time_scale=args.time_scale, prefill_profile=args.prefill_profile,
         repeats=args.repeats, hints=args.hints, continuum_settings=args.continuum_settings,
-        step_log=args.step_log, model_threads=args.model_threads, command=command_line(),
+        step_log=args.step_log, model_threads=args.model_threads, host_tier_x=args.host_tier_x,
+        command=command_line(),
         publish=args.publish,
     )
 
@@ -52,6 +53,7 @@ def hints_arg(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     from continuum_lab.live.flavours import (
+        DEFAULT_HOST_TIER_X,
         DEFAULT_LAYERS,
         DEFAULT_MAX_MODEL_LEN,
         DEFAULT_NUM_BLOCKS,
@@ -99,6 +101,10 @@ def register(subparsers) -> None:
                    help="each server's scheduler records every step it runs (what it held, how "
                         "long it took) to OUT/steps/; `predict` sets them beside the cost model "
                         "(continuum_lab/step_log.py)")
+    p.add_argument("--host-tier-x", type=positive_float, default=DEFAULT_HOST_TIER_X,
+                   help="the host tier of the flavours with vLLM's KV offload (stock-offload, "
+                        "default-offload), as a multiple of the KV pool (default "
+                        f"{DEFAULT_HOST_TIER_X:g}); continuum_lab/host_tier.py")
     p.add_argument("--out", type=Path, default=Path("runs/compare"))
     publish_arg(p)
     p.set_defaults(run=_compare)

@@ -17,6 +17,13 @@ round against its own stock (means, makespan, outcomes program by program)
 and how far stock itself moved between rounds. Right before and after each
 replay, a few seconds of calibrate's probes measure the machine's speed
 (calibration/speed_probe.py), which predict reads against its cost model.
+
+The flavours with a host tier (`stock-offload`, `default-offload`) run vLLM's
+KV offload to host memory, as GPU operators do, through the test host tier
+(continuum_lab/host_tier.py), sized `--host-tier-x` times the KV pool; the
+report then also sets every flavour against stock + offload. For every
+replay it gives where the prompt tokens came from by vLLM's own counters
+(computed, GPU prefix cache, host tier) and what the host tier moved.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 from continuum_lab.calibration.speed_probe import probe_speed
 from continuum_lab.live.flavours import (
     COMMON_CONTINUUM_SETTINGS,
+    DEFAULT_HOST_TIER_X,
     DEFAULT_LAYERS,
     DEFAULT_MAX_MODEL_LEN,
     DEFAULT_NUM_BLOCKS,
@@ -37,12 +45,14 @@ from continuum_lab.live.flavours import (
     FLAVOURS,
     START_TIMEOUT_S,
     STOCK,
+    STOCK_OFFLOAD,
+    host_tier_setup,
 )
 from continuum_lab.live.replay import replay
 from continuum_lab.live.round_report import round_outcomes, round_table
 from continuum_lab.live.rounds import save_round
 from continuum_lab.live.server_counters import (
-    continuum_counters, counters_line, engine_preemptions)
+    cache_counters, cache_line, continuum_counters, counter_delta, counters_line, engine_preemptions)
 from continuum_lab.live.turn_body import HINTS_ALL
 from continuum_lab.machine import CpuMeter, load_average
 from continuum_lab.publish import publish_report
@@ -144,6 +154,7 @@ def run_compare(
     continuum_settings: dict | None = None,
     step_log: bool = False,
     model_threads: int | None = None,
+    host_tier_x: float = DEFAULT_HOST_TIER_X,
     command: str = "",
     publish: str | None = None,
 ) -> int:
@@ -183,15 +194,19 @@ def run_compare(
         "hints": hints,
         "repeats": repeats,
     }
+    setup["host_tier"] = host_tier_setup(flavours, host_tier_x, num_blocks, num_layers, BLOCK_SIZE)
+    host_args = setup["host_tier"].get("args", [])
     print(json.dumps({k: v for k, v in setup.items() if k != "command"}, indent=1))
     rounds: list[list[RunResult]] = [[] for _ in range(repeats)]
     counter_lines: list[str] = []
+    cache_lines: list[str] = []
     profile_path = Path(prefill_profile) if prefill_profile else out_dir / "prefill_profile.yaml"
     extra_args = ["--max-model-len", str(max_model_len)]
     schedule = [(r, name) for r in range(repeats)
                 for name in (flavours if r % 2 == 0 else list(reversed(flavours)))]
-    if not profile_path.exists() and FLAVOURS[schedule[0][1]].server == "continuum":
-        # A continuum server reads the profile at start-up: measure it on stock first.
+    if not profile_path.exists() and schedule[0][1] != STOCK:
+        # A continuum server reads the profile at start-up: measure it on stock
+        # (without a host tier's stores) first.
         server = flavour_server("stock", model, out_dir / "logs", num_blocks=num_blocks,
                                 extra_args=extra_args, env=server_env)
         server.ready_timeout_s = START_TIMEOUT_S
@@ -212,7 +227,8 @@ def run_compare(
             "scheduler_cls": RECORDERS[flavour.server], "additional_config": {STEP_LOG_KEY: str(steps_path)}}
         server = flavour_server(
             flavour.server, model, out_dir / "logs", num_blocks=num_blocks,
-            settings=settings, extra_args=extra_args, env=server_env, **recording,
+            settings=settings, extra_args=[*extra_args, *(host_args if flavour.host_tier else [])],
+            env=server_env, **recording,
         )
         server.log_path = out_dir / "logs" / f"{name}.log"
         server.name = name
@@ -227,6 +243,7 @@ def run_compare(
             speed = {"before": probe_speed(server.base_url, seed=round_no)}
             load_before = load_average()
             preempted_before = engine_preemptions(server.base_url)
+            cached_before = cache_counters(server.base_url)
             cpu = CpuMeter(server.process.pid)  # its own session: sid == pid
             window = [time.perf_counter()]  # the replay's steps in the step log (not the probes')
             run = replay(server.base_url, trace, label=name, time_scale=time_scale,
@@ -237,6 +254,8 @@ def run_compare(
             # And vLLM's preemptions during the replay: prefill the client cannot see.
             window.append(time.perf_counter())
             preempted = engine_preemptions(server.base_url)
+            run.meta["cache_counters"] = counter_delta(cached_before, cache_counters(server.base_url))
+            cache_lines.append(f"round {round_no + 1}, " + cache_line(name, run.meta["cache_counters"]))
             if steps_path is not None:
                 run.meta["step_log"] = {"path": str(steps_path.relative_to(out_dir)), "window": window}
             run.meta.update({"round": round_no + 1, "flavour": name,
@@ -266,6 +285,13 @@ def run_compare(
     outcomes = round_outcomes(rounds)
     if outcomes:
         text += "\n\n" + outcomes
+    if STOCK_OFFLOAD in flavours:
+        text += "\n\nAgainst stock + offload (vLLM's KV offload to host memory, a host tier of "
+        text += f"{setup['host_tier']['blocks']} blocks, {host_tier_x:g}x the pool):\n\n"
+        text += round_table(rounds, STOCK_OFFLOAD) + "\n\n" + round_outcomes(rounds, STOCK_OFFLOAD)
+    text += ("\n\nWhere each replay's prompt tokens came from (vLLM's counters over the replay; "
+             "a continuum pin's blocks are found in the GPU prefix cache):\n")
+    text += "\n".join(f"- {line}" for line in cache_lines)
     if counter_lines:
         text += "\n\nWhat each continuum server counted (its /metrics at the end of its replay):\n"
         text += "\n".join(f"- {line}" for line in counter_lines)

@@ -4,6 +4,8 @@ so the command line can offer the choices without importing the benchmark."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -15,10 +17,15 @@ class Flavour:
     name: str
     server: str  # "stock" or "continuum"
     settings: dict = field(default_factory=dict)  # --additional-config's continuum
+    # vLLM's KV offload to host memory (its OffloadingConnector) through the
+    # test host tier, continuum_lab/host_tier.py: what a GPU operator runs.
+    host_tier: bool = False
 
 
-# The flavour every other is set against, round by round.
+# The flavour every other is set against, round by round; and the one the
+# flavours with a host tier are also set against.
 STOCK = "stock"
+STOCK_OFFLOAD = "stock-offload"
 
 # What `compare --flavours` accepts: stock, and each TTL policy under the
 # configured pressure policy (plain name) or an explicit one (-yield, -hold).
@@ -45,7 +52,46 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     # The tool-aware retention rule (core/hazard_ttl.py): what ships since it
     # replaced `forever` (the `forever` flavour above).
     "hazard": Flavour("hazard", "continuum", {"ttl_policy": "hazard"}),
+    # Stock vLLM and what ships, each with vLLM's KV offload to host memory:
+    # an evicted prefix comes back by a load from the host tier, not a prefill.
+    STOCK_OFFLOAD: Flavour(STOCK_OFFLOAD, "stock", host_tier=True),
+    "default-offload": Flavour("default-offload", "continuum", {}, host_tier=True),
+    # Our queue order and admission with vLLM's offload, no pins: what the
+    # admission alone does when an evicted prefix reloads from host memory.
+    "never-offload": Flavour("never-offload", "continuum", {"ttl_policy": "never"}, host_tier=True),
 }
+
+# The host tier's capacity, as a multiple of the KV pool (`compare --host-tier-x`).
+DEFAULT_HOST_TIER_X = 3.0
+HOST_TIER_SPEC = {"spec_name": "TorchCopyOffloadingSpec", "spec_module_path": "continuum_lab.host_tier"}
+
+
+def host_tier_setup(flavours, host_tier_x: float, num_blocks: int, num_layers: int,
+                    block_size: int) -> dict:
+    """The host tier of these flavours' servers ({} if none has one): its
+    blocks (`host_tier_x` times the pool's), the flavours, the server flags."""
+    from continuum_lab.live.bench_model import kv_bytes_per_block
+
+    named = [f for f in flavours if FLAVOURS[f].host_tier]
+    if not named:
+        return {}
+    blocks = math.ceil(host_tier_x * num_blocks)
+    size = blocks * kv_bytes_per_block(num_layers, block_size)
+    return {"x_pool": host_tier_x, "blocks": blocks, "flavours": named,
+            "args": host_tier_args(size, block_size)}
+
+
+def host_tier_args(cpu_bytes: int, block_size: int) -> list[str]:
+    """The flags an operator passes for vLLM's KV offload to host memory
+    (`--kv-transfer-config` naming its OffloadingConnector; `cpu_bytes_to_use`
+    is the host tier's size, `block_size` the tokens of an offloaded chunk),
+    with the test host tier's spec, which runs on the CPU build
+    (continuum_lab/host_tier.py). On a GPU, drop the spec's two keys."""
+    config = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+              "kv_connector_extra_config": {"cpu_bytes_to_use": int(cpu_bytes),
+                                            "block_size": block_size, **HOST_TIER_SPEC}}
+    return ["--kv-transfer-config", json.dumps(config)]
+
 
 # The CPU benchmark's defaults (docs/results/benchmarks-archive.md explains the choice).
 DEFAULT_WORKLOAD = "cpu-agent"

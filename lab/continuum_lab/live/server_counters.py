@@ -11,6 +11,11 @@ One of vLLM's own counters is read from every server, stock's too: its
 preemptions. A request preempted under pool pressure is prefilled again,
 which the client's usage (prompt minus cached tokens) never shows, so
 `predict` sets the live count beside the simulator's.
+
+And where every server's cached prompt tokens came from, by vLLM's own
+counters (`cache_counters`): its GPU prefix cache (a continuum pin's blocks
+are found there too), the KV connector's host tier (KV offload), or
+computed; and the bytes and seconds the host tier's loads and stores took.
 """
 
 from __future__ import annotations
@@ -22,6 +27,18 @@ import httpx
 from vllm_continuum.metrics.names import PIN_RELEASES, PINS, RESUMES, TTL_SECONDS
 
 VLLM_PREEMPTIONS = "vllm:num_preemptions"  # vLLM's counter (v1/metrics/loggers.py)
+# vLLM's prompt tokens by where their KV came from (v1/metrics/stats.py's
+# PromptTokenStats: computed + local cache + external = the prompt), and its KV
+# offload's transfers (kv_connector/v1/offloading/metrics.py), each as
+# cache_counters names it.
+VLLM_PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source"
+PROMPT_SOURCES = {"local_compute": "computed", "local_cache_hit": "gpu_cache",
+                  "external_kv_transfer": "host_tier"}
+VLLM_OFFLOAD = {"vllm:kv_offload_load_bytes": "load_bytes", "vllm:kv_offload_load_time": "load_s",
+                "vllm:kv_offload_store_bytes": "store_bytes", "vllm:kv_offload_store_time": "store_s",
+                # The prefix caches' hits in tokens, counted as the scheduler queries them.
+                "vllm:prefix_cache_hits": "prefix_cache_hits",
+                "vllm:external_prefix_cache_hits": "external_prefix_cache_hits"}
 
 
 def _samples(base_url: str, timeout_s: float):
@@ -38,6 +55,42 @@ def engine_preemptions(base_url: str, timeout_s: float = 10.0) -> int | None:
     replay's); None from a server that does not export the counter."""
     counts = [s.value for s in _samples(base_url, timeout_s) if s.name == f"{VLLM_PREEMPTIONS}_total"]
     return int(sum(counts)) if counts else None
+
+
+def cache_counters(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """vLLM's totals so far: prompt tokens `computed`, found in the GPU prefix
+    cache (`gpu_cache`) or loaded by the KV connector (`host_tier`); the
+    host tier's `load_bytes`, `load_s`, `store_bytes`, `store_s` (0 without
+    KV offload); and the hits vLLM counts as its prefix caches are queried
+    (`prefix_cache_hits`, `external_prefix_cache_hits`). A replay's are the
+    difference of two reads (`counter_delta`)."""
+    totals = dict.fromkeys([*PROMPT_SOURCES.values(), *VLLM_OFFLOAD.values()], 0.0)
+    for sample in _samples(base_url, timeout_s):
+        if sample.name == f"{VLLM_PROMPT_TOKENS_BY_SOURCE}_total":
+            key = PROMPT_SOURCES.get(sample.labels.get("source", ""))
+        else:
+            key = VLLM_OFFLOAD.get(sample.name.removesuffix("_total"))
+        if key is not None and sample.name.endswith("_total"):
+            totals[key] += sample.value
+    return totals
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {key: after[key] - before.get(key, 0.0) for key in after}
+
+
+def cache_line(label: str, delta: dict[str, float]) -> str:
+    """Where a replay's prompt tokens came from, and what the host tier moved."""
+    prompt = sum(delta[k] for k in PROMPT_SOURCES.values()) or 1.0
+    line = (f"{label}: prompt tokens {prompt:,.0f}: computed {delta['computed']:,.0f} "
+            f"({delta['computed'] / prompt:.1%}), GPU prefix cache (pins included) "
+            f"{delta['gpu_cache']:,.0f} ({delta['gpu_cache'] / prompt:.1%}), host tier "
+            f"{delta['host_tier']:,.0f} ({delta['host_tier'] / prompt:.1%})")
+    if delta["load_bytes"] or delta["store_bytes"]:
+        line += (f"; host tier loaded {delta['load_bytes'] / 2**20:,.0f} MiB in "
+                 f"{delta['load_s']:.2f} s, stored {delta['store_bytes'] / 2**20:,.0f} MiB in "
+                 f"{delta['store_s']:.2f} s")
+    return line
 
 
 def continuum_counters(base_url: str, timeout_s: float = 10.0) -> dict:

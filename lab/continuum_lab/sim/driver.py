@@ -145,9 +145,11 @@ def synthetic_request(
     arrival: float | None = None,
     priority: int = 0,
     ignore_eos: bool = False,
+    cache_salt: str | None = None,
 ):
     """A request as the engine core receives it: a token-id prompt, its session
-    and continuum hints (`xargs`, read from `sampling_params.extra_args`)."""
+    and continuum hints (`xargs`, read from `sampling_params.extra_args`), its
+    `cache_salt` (a tenant: it changes every block hash)."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
@@ -162,6 +164,7 @@ def synthetic_request(
         block_hasher=hasher,
         session_id=session,
         priority=priority,
+        cache_salt=cache_salt,
     )
 
 

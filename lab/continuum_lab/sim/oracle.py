@@ -27,7 +27,7 @@ from vllm_continuum.core.pin_table import Pin, ReleaseReason
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.programs import Program
 from vllm_continuum.core.prefill_profile import PrefillProfile
-from vllm_continuum.core.hazard_ttl import LATE_RETURN_S
+from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
 from vllm_continuum.core.workload import WorkloadModel
 from continuum_lab.sim.cost_model import CostModel
