@@ -73,6 +73,7 @@ class ProgramOrder:
     admission: Admission = "program"
     precedence_s: float = math.inf
     order: ProgramRank = "arrival"
+    levels: int = SERVICE_LEVELS  # `service`: how many levels programs are ranked in
     by_program: bool = field(init=False)  # the admission, resolved once
     by_service: bool = field(init=False)  # the order, resolved once
 
@@ -99,7 +100,7 @@ class ProgramOrder:
         for all under `arrival`; its service level under `service`."""
         if not self.by_service:
             return 0
-        return service_level(program.service)
+        return service_level(program.service, self.levels)
 
     def place(self, program_arrival: float, arrival: float, now: float) -> float:
         """What orders a request among programs: its program's first arrival,
@@ -111,9 +112,9 @@ class ProgramOrder:
         return self.by_program and now - program_arrival >= self.precedence_s
 
 
-def service_level(service: int) -> int:
+def service_level(service: int, levels: int = SERVICE_LEVELS) -> int:
     """0 for a program served nothing yet; else 1 + the times its service
-    doubled past SERVICE_BASE tokens, capped. O(1)."""
+    doubled past SERVICE_BASE tokens, at most `levels - 1`. O(1)."""
     if service <= 0:
         return 0
-    return min(SERVICE_LEVELS - 1, 1 + max(0, (service // SERVICE_BASE).bit_length()))
+    return min(levels - 1, 1 + max(0, (service // SERVICE_BASE).bit_length()))
