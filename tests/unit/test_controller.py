@@ -124,8 +124,8 @@ def test_the_next_turn_gets_the_pinned_lane_and_takes_the_pin_over_on_admission(
     c.on_arrival(nxt, None)
     c.on_arrival(stranger, None)
     assert (c.queue.lane_of(nxt), c.queue.lane_of(stranger)) == (PINNED, REGULAR)
-    assert c.queue.queue_key(nxt)[1] == 0.0  # the program's first arrival
-    assert c.queue.queue_key(stranger)[1] == 1.0  # its own: it inherits nothing
+    assert c.queue.place(nxt) == 0.0  # the program's first arrival
+    assert c.queue.place(stranger) == 1.0  # its own: it inherits nothing
     ledger.take_back([1, 2, 3, 4])  # vLLM allocates the turn, hitting the pinned blocks
     c.after_step([(nxt, 12)])
     assert not c.pins and c.stats.releases_by_reason == {"resumed": 1}
@@ -165,7 +165,7 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
             c.programs.end(program)
     stranger = Req("s1", "A", [5, 6])
     c.on_arrival(stranger, {"continuum_last_turn": True})
-    assert c.queue.lane_of(stranger) == REGULAR and c.queue.queue_key(stranger)[1] == 3.0
+    assert c.queue.lane_of(stranger) == REGULAR and c.queue.place(stranger) == 3.0
     c.on_finished(stranger, aborted=False, tool_called=lambda: None)
     pin = c.pins.get("A")
     assert pin is not None and len(c.workload.programs) == 1, "a stranger released the pin"
@@ -173,7 +173,7 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
     clock.now = 4.0
     nxt = Req("a2", "A", [1, 2, 3, 4])
     c.on_arrival(nxt, None)
-    assert c.queue.lane_of(nxt) == PINNED and c.queue.queue_key(nxt)[1] == 1.0  # the program's place
+    assert c.queue.lane_of(nxt) == PINNED and c.queue.place(nxt) == 1.0  # the program's place
     assert c.workload.tools.of(None).durations.of("search").sorted == [3.0]  # turn end 1 s, arrival 4 s
     c.after_step([(nxt, 12)])
     assert c.stats.releases_by_reason == {"resumed": 1}
@@ -301,7 +301,7 @@ def test_an_endless_program_loses_its_precedence():
     clock.now = 150.5
     turn = Req("a2", "A", [1, 2, 3, 4])
     c.on_arrival(turn, None)
-    assert c.queue.queue_key(turn)[1] == 150.5 > c.queue.queue_key(new)[1]  # behind the newcomer
+    assert c.queue.place(turn) == 150.5 > c.queue.place(new)  # behind the newcomer
     assert c.releaser.retry_with_pins_released(
         new, lambda: "blocks", shortfall=3, keep=frozenset(), running=False,
         preempted=False, waiting=True, anything_running=True) == "blocks"
