@@ -128,6 +128,15 @@ class ContinuumConfig(BaseSettings):
         "programs ahead of it (docs/guarantees.md). request: every request has the waiting "
         "bound, and pins under hold give way to none before it passes.",
     )
+    program_order: Literal["arrival", "service"] = Field(
+        "arrival",
+        description="admission: program: the order of programs in the regular lane. "
+        "arrival: by the program's first arrival (the paper's). service: by the service a "
+        "program has received (prefilled and decoded tokens, in a few doubling levels), the "
+        "least first, then by arrival: a new program, and a one-turn program, goes before "
+        "the remaining turns of long ones (Autellix's PLAS); the turn bound "
+        "`max_turn_delay_s` keeps a long program from waiting behind later ones longer.",
+    )
     max_queue_delay_s: float = Field(
         1.0,
         ge=0,

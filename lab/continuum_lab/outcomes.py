@@ -59,7 +59,12 @@ def outcome(run: RunResult, base: RunResult) -> dict:
     for what in ("ttft", "latency"):
         for q in (50, 99):
             out[f"one_shot_{what}_p{q}_ratio"] = _over(percentile(mine[what], q), percentile(theirs[what], q))
+    out["one_shot_latency_mean_ratio"] = _over(_mean(mine["latency"]), _mean(theirs["latency"]))
     return out
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
 
 
 COLUMNS = [

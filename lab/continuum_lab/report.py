@@ -89,6 +89,7 @@ def one_shot_summary(run: RunResult) -> dict:
         "one_shot_ttft_p99_s": percentile(ttft, 99),
         "one_shot_latency_p50_s": percentile(latency, 50),
         "one_shot_latency_p99_s": percentile(latency, 99),
+        "one_shot_latency_mean_s": sum(latency) / len(latency) if latency else float("nan"),
     }
 
 

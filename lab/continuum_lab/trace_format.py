@@ -74,6 +74,7 @@ class Program:
     arrival_s: float
     turns: tuple[Turn, ...]
     one_shot: bool = False  # a request without a session (see the module docstring)
+    session: bool = False  # a one-shot that carries a session id: a one-turn program
 
     def __post_init__(self) -> None:
         if self.one_shot and (len(self.turns) != 1 or self.turns[0].tool is not None):
@@ -109,6 +110,8 @@ class Program:
 
     def to_json(self) -> dict:
         flag = {"one_shot": True} if self.one_shot else {}
+        if self.session:
+            flag["session"] = True
         return {
             "id": self.id,
             "arrival_s": round(self.arrival_s, 6),
@@ -252,4 +255,4 @@ def program_from_json(data: dict) -> Program:
     if not turns:
         raise ValueError("a program needs at least one turn")
     return Program(id=str(data["id"]), arrival_s=float(data["arrival_s"]), turns=tuple(turns),
-                   one_shot=bool(data.get("one_shot", False)))
+                   one_shot=bool(data.get("one_shot", False)), session=bool(data.get("session", False)))

@@ -91,6 +91,9 @@ class OneShotSpec(BaseModel):
         "arrival); for a batch that arrives at once, chat traffic that goes on while it runs")
     prompt_tokens: Dist
     output_tokens: Dist
+    session: bool = Field(
+        False, description="each request carries a session id of its own: a one-turn program "
+        "(as every request of a client that sends `prompt_cache_key` or a session header is)")
     note: str = ""
 
 
@@ -234,7 +237,7 @@ def _one_shot(spec: WorkloadSpec, index: int, arrival_s: float) -> Program:
     prompt = max(1, round(float(spec.one_shot.prompt_tokens.sample(rng))))
     output = max(1, round(float(spec.one_shot.output_tokens.sample(rng))))
     return Program(id=f"{spec.name}-{spec.seed}-chat-{index:05d}", arrival_s=arrival_s,
-                   turns=(Turn(prompt, output),), one_shot=True)
+                   turns=(Turn(prompt, output),), one_shot=True, session=spec.one_shot.session)
 
 
 def generate(spec: WorkloadSpec) -> Trace:

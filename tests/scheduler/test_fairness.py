@@ -277,7 +277,7 @@ def test_a_request_that_only_carries_the_session_id_leaves_the_pin_alone(build):
     d.add(stranger, answer_script())
     assert s.continuum.queue.lane_of(stranger) == REGULAR
     own = s.continuum.turns[stranger.request_id].arrival
-    assert s.continuum.queue.queue_key(stranger)[1] == own > pin.program_arrival  # not the program's
+    assert s.continuum.queue.place(stranger) == own > pin.program_arrival  # not the program's
     admitted_hit(d, stranger)
     drain(d)
     assert s.continuum.pins.holds(pin)
@@ -328,7 +328,7 @@ def test_a_flood_of_session_ids_cannot_make_a_stranger_the_session(build):
     d.run_until_finished(guess)
     assert s.continuum.pins.holds(pin) and pin.program.turns == 1
     t2 = d.add(next_turn(t1), answer_script())
-    assert s.continuum.queue.queue_key(t2)[1] == pin.program_arrival  # the program's place
+    assert s.continuum.queue.place(t2) == pin.program_arrival  # the program's place
     assert admitted_hit(d, t2) >= (t1.num_prompt_tokens // BLOCK_SIZE - 1) * BLOCK_SIZE
     assert s.continuum.stats.releases_by_reason == {"resumed": 1}
     drain(d)

@@ -14,9 +14,11 @@ last turn answers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import pytest
+from vllm.v1.request import RequestStatus
 
 from tests.scheduler.harness import (
     EOS_TOKEN_ID,
@@ -176,3 +178,49 @@ def test_an_endless_session_does_not_starve_a_new_program(tiny_model_dir, async_
     print("\nnew program's wait in steps behind endless sessions:", waits)
     assert waits[3.0] is not None and waits[3.0] <= 30 + 15, waits
     assert waits[3600.0] is None or waits[3600.0] > waits[3.0], waits
+
+
+# --------------------------------------------------- program order by service
+def test_a_one_turn_program_goes_before_other_programs_remaining_turns(tiny_model_dir,
+                                                                       async_scheduling):
+    """Six endless programs keep the pool full and turns of theirs queued; a
+    one-turn program that carries a session id arrives at step 60. By
+    arrival it waits behind their remaining turns; by attained service
+    (`program_order: service`) it has been served nothing, so it goes first
+    in the regular lane, as a request without a session would."""
+    waits = {}
+    for order in ("arrival", "service"):
+        a = agents(tiny_model_dir, async_scheduling, "continuum",
+                   [*[(0, None, 260) for _ in range(6)], (60, 1, 200)], program_order=order,
+                   max_ttl_s=0.5)
+        for p in a.programs[:6]:
+            p.pause = 8  # longer than max_ttl_s: their next turns queue in the regular lane
+        chat = a.programs[-1]
+        a.run(400, until=lambda: chat.first_admitted is not None)
+        waits[order] = chat.first_admitted - 60 if chat.first_admitted is not None else None
+    print(f"\nsteps the one-turn program waited: {waits}")
+    assert waits["service"] is not None
+    assert waits["arrival"] is None or waits["service"] < waits["arrival"], waits
+
+
+def test_a_long_program_waits_at_most_the_turn_bound_behind_new_programs(tiny_model_dir,
+                                                                         async_scheduling):
+    """Under `program_order: service` a stream of new programs (served nothing)
+    goes before a long program's next turn; once later programs have gone
+    ahead of it for the turn bound, it goes before them: admitted within T
+    plus the turns then running. Without the bound it waits behind the stream."""
+    stream = [(2 + 4 * i, 2, 240) for i in range(60)]
+    waits = {}
+    for bound in (2.0, math.inf):
+        a = agents(tiny_model_dir, async_scheduling, "continuum", [(0, 3, 300), *stream],
+                   program_order="service", max_ttl_s=0.5, max_turn_delay_s=bound)
+        long = a.programs[0]
+        long.pause = 30  # its pin expires: the next turn queues in the regular lane
+        a.run(400, until=lambda: long.turn == 1 and long.live is not None)
+        assert long.live is not None
+        sent, second = a.step_no, long.live
+        a.run(400, until=lambda: second.status != RequestStatus.WAITING)
+        waits[bound] = a.step_no - sent if second.status != RequestStatus.WAITING else None
+    print(f"\nsteps the long program's next turn waited, by turn bound: {waits}")
+    assert waits[2.0] is not None and waits[2.0] <= 2.0 / STEP_S + 15, waits
+    assert waits[math.inf] is None or waits[math.inf] > waits[2.0], waits

@@ -124,8 +124,8 @@ def test_the_next_turn_gets_the_pinned_lane_and_takes_the_pin_over_on_admission(
     c.on_arrival(nxt, None)
     c.on_arrival(stranger, None)
     assert (c.queue.lane_of(nxt), c.queue.lane_of(stranger)) == (PINNED, REGULAR)
-    assert c.queue.queue_key(nxt)[1] == 0.0  # the program's first arrival
-    assert c.queue.queue_key(stranger)[1] == 1.0  # its own: it inherits nothing
+    assert c.queue.place(nxt) == 0.0  # the program's first arrival
+    assert c.queue.place(stranger) == 1.0  # its own: it inherits nothing
     ledger.take_back([1, 2, 3, 4])  # vLLM allocates the turn, hitting the pinned blocks
     c.after_step([(nxt, 12)])
     assert not c.pins and c.stats.releases_by_reason == {"resumed": 1}
@@ -165,7 +165,7 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
             c.programs.end(program)
     stranger = Req("s1", "A", [5, 6])
     c.on_arrival(stranger, {"continuum_last_turn": True})
-    assert c.queue.lane_of(stranger) == REGULAR and c.queue.queue_key(stranger)[1] == 3.0
+    assert c.queue.lane_of(stranger) == REGULAR and c.queue.place(stranger) == 3.0
     c.on_finished(stranger, aborted=False, tool_called=lambda: None)
     pin = c.pins.get("A")
     assert pin is not None and len(c.workload.programs) == 1, "a stranger released the pin"
@@ -173,7 +173,7 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
     clock.now = 4.0
     nxt = Req("a2", "A", [1, 2, 3, 4])
     c.on_arrival(nxt, None)
-    assert c.queue.lane_of(nxt) == PINNED and c.queue.queue_key(nxt)[1] == 1.0  # the program's place
+    assert c.queue.lane_of(nxt) == PINNED and c.queue.place(nxt) == 1.0  # the program's place
     assert c.workload.tools.of(None).durations.of("search").sorted == [3.0]  # turn end 1 s, arrival 4 s
     c.after_step([(nxt, 12)])
     assert c.stats.releases_by_reason == {"resumed": 1}
@@ -301,7 +301,7 @@ def test_an_endless_program_loses_its_precedence():
     clock.now = 150.5
     turn = Req("a2", "A", [1, 2, 3, 4])
     c.on_arrival(turn, None)
-    assert c.queue.queue_key(turn)[1] == 150.5 > c.queue.queue_key(new)[1]  # behind the newcomer
+    assert c.queue.place(turn) == 150.5 > c.queue.place(new)  # behind the newcomer
     assert c.releaser.retry_with_pins_released(
         new, lambda: "blocks", shortfall=3, keep=frozenset(), running=False,
         preempted=False, waiting=True, anything_running=True) == "blocks"
@@ -443,3 +443,50 @@ def test_an_aged_turn_waiting_for_earlier_programs_pins_restarts_its_aging():
     assert not c.queue.aged(new)
     clock.now = 14.0
     assert c.queue.aged(new)
+
+
+# ------------------------------------------------------- program order by service
+def test_service_levels_double_from_a_base():
+    from vllm_continuum.core.program_order import SERVICE_BASE, SERVICE_LEVELS, service_level
+
+    assert service_level(0) == 0  # served nothing yet: a new program's first turn
+    assert service_level(1) == service_level(SERVICE_BASE - 1) == 1
+    assert service_level(SERVICE_BASE) == service_level(2 * SERVICE_BASE - 1) == 2
+    assert service_level(2 * SERVICE_BASE) == 3
+    assert service_level(10**12) == SERVICE_LEVELS - 1
+
+
+def test_a_program_is_served_what_it_prefilled_beyond_its_hit_and_decoded():
+    c, ledger, clock = controller(program_order="service")
+    first = Req("a1", "A", [1, 2, 3], num_output_tokens=5)
+    c.on_arrival(first, None)
+    ledger.take_back(first.blocks)
+    c.after_step([(first, 0)])
+    c.on_finished(first, aborted=False, tool_called=lambda: "t")
+    program = c.pins.get("A").program
+    assert program.service == 3 * BLOCK + 5
+    nxt = Req("a2", "A", [1, 2, 3, 4], num_output_tokens=2)
+    c.on_arrival(nxt, None)
+    ledger.take_back(nxt.blocks)
+    c.after_step([(nxt, 3 * BLOCK)])  # its first 3 blocks were cached (the pin)
+    c.on_finished(nxt, aborted=False, tool_called=lambda: None)
+    assert program.service == 3 * BLOCK + 5 + BLOCK + 2
+
+
+@pytest.mark.parametrize("order", ["arrival", "service"])
+def test_under_service_order_a_new_program_goes_before_a_served_one(order):
+    """A's next turn (its pin expired) and B's first turn wait in the regular
+    lane: by arrival A's program goes first; by service B's, which has been
+    served nothing."""
+    c, ledger, clock = controller(program_order=order, default_ttl_s=1.0)
+    assert run(c, ledger, Req("a1", "A", [1, 2, 3]))
+    clock.now = 5.0
+    c.release_expired()  # A's pin expires
+    a2 = Req("a2", "A", [1, 2, 3, 4])
+    b1 = Req("b1", "B", [7, 8])
+    c.on_arrival(a2, None)
+    c.on_arrival(b1, None)
+    assert c.queue.lane_of(a2) == c.queue.lane_of(b1) == REGULAR
+    keys = {r.request_id: c.queue.queue_key(r) for r in (a2, b1)}
+    first = min(keys, key=keys.get)
+    assert first == ("a2" if order == "arrival" else "b1"), keys

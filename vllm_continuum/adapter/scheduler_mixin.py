@@ -39,6 +39,7 @@ from vllm_continuum.adapter.compat import check_vllm_version
 from vllm_continuum.config import ContinuumConfig, config_from_vllm
 from vllm_continuum.core.affinity import AffinityMonitor
 from vllm_continuum.core.controller import PinController
+from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.tool_calls import ToolCallDetector, vocab_token_id
 from vllm_continuum.core.ttl import make_ttl_policy
 from vllm_continuum.core.waiting_queue import LaneQueue
@@ -61,6 +62,7 @@ class ContinuumSchedulerMixin:
         continuum_clock: Callable[[], float] | None = None,
         continuum_wall_clock: Callable[[], float] | None = None,
         continuum_ttl_policy=make_ttl_policy,
+        continuum_program_order=ProgramOrder.of,
         continuum_stats: ContinuumStats | None = None,
         **kwargs,
     ) -> None:
@@ -68,7 +70,8 @@ class ContinuumSchedulerMixin:
         callers that build a scheduler themselves (the simulator): the config
         (else read from `--additional-config`, see `vllm_continuum.config`),
         the clock (monotonic), the clock requests' `arrival_time` is stamped
-        with (vLLM's: `time.time`; a simulator's: its own clock), a TTL policy factory `(config, workload) -> TTLPolicy`, and
+        with (vLLM's: `time.time`; a simulator's: its own clock), a TTL policy factory `(config, workload) -> TTLPolicy`,
+        a program order factory `config -> ProgramOrder`, and
         the stats (else exported to the plugin's metrics directory, if any)."""
         check_vllm_version()
         super().__init__(*args, **kwargs)
@@ -91,6 +94,7 @@ class ContinuumSchedulerMixin:
             pinning=pinning,
             clock=continuum_clock or time.monotonic,
             ttl_policy=continuum_ttl_policy,
+            program_order=continuum_program_order,
             on_lane_change=self._lane_changed,
             pool_state=self._ledger.pool_state,
             preempted_status=RequestStatus.PREEMPTED,

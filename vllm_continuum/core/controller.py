@@ -101,6 +101,7 @@ class PinController:
         pinning: bool = True,
         clock: Callable[[], float] = time.monotonic,
         ttl_policy: Callable[[ContinuumConfig, WorkloadModel], TTLPolicy] = make_ttl_policy,
+        program_order: Callable[[ContinuumConfig], ProgramOrder] = ProgramOrder.of,
         on_lane_change: Callable[[TurnRequest], None] = lambda request: None,
         pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None] = lambda counted: None,
         preempted_status: object = "preempted",
@@ -130,7 +131,7 @@ class PinController:
         self.pinning = pinning and not isinstance(policy, NeverTTLPolicy)
         self.pins = PinTable()
         self.programs = ProgramTable(config.max_tracked_sessions)
-        self.order = ProgramOrder(config.admission, config.program_precedence_s)
+        self.order = program_order(config)
         self.turns: dict[str, Turn] = {}
         # Requests of each session not admitted yet, in arrival order.
         self._queued: dict[str, dict[str, TurnRequest]] = {}
@@ -269,6 +270,7 @@ class PinController:
         if program is None:  # it continues none of the session's programs: its own
             program = self.programs.open(session, now, arrival, request.cache_salt)
         turn.program, turn.program_arrival = program, program.arrival
+        turn.rank = self.order.rank(program)
         measured = self.programs.arrive(program, now)
         if measured is not None:
             tool, seconds = measured
@@ -286,6 +288,7 @@ class PinController:
     def _on_admitted(self, request: TurnRequest, num_cached_tokens: int) -> None:
         turn = self.turns.get(request.request_id)
         if turn is not None:
+            turn.cached = num_cached_tokens
             self.queue.went_ahead(request, turn)
             self._dequeued(request, turn)
             if turn.resuming is not None:
@@ -323,6 +326,7 @@ class PinController:
         # A stop string also ends a turn as an abort (the front end aborts
         # it), so an abort with output is judged by that output.
         tool = None
+        program.service += max(0, request.num_prompt_tokens - turn.cached) + request.num_output_tokens
         if request.num_output_tokens:
             tool = hints.tool or tool_called()
             anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self.hash_block_size)

@@ -51,26 +51,56 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from vllm_continuum.config import ContinuumConfig
+    from vllm_continuum.core.programs import Program
 
 Admission = Literal["program", "request"]
+ProgramRank = Literal["arrival", "service"]
+
+
+# `program_order: service`: a program's level is 0 until it has been served
+# anything (a new program's first turn), then 1 + how many times its service
+# doubled past SERVICE_BASE tokens, at most SERVICE_LEVELS - 1.
+SERVICE_BASE = 4096
+SERVICE_LEVELS = 8
 
 
 @dataclass(frozen=True)
 class ProgramOrder:
     admission: Admission = "program"
     precedence_s: float = math.inf
+    order: ProgramRank = "arrival"
+    levels: int = SERVICE_LEVELS  # `service`: how many levels programs are ranked in
     by_program: bool = field(init=False)  # the admission, resolved once
+    by_service: bool = field(init=False)  # the order, resolved once
 
     def __post_init__(self) -> None:
         if self.admission not in ("program", "request"):
             raise ValueError(f"admission must be 'program' or 'request', not {self.admission!r}")
+        if self.order not in ("arrival", "service"):
+            raise ValueError(f"program_order must be 'arrival' or 'service', not {self.order!r}")
         object.__setattr__(self, "by_program", self.admission == "program")
+        object.__setattr__(self, "by_service", self.by_program and self.order == "service")
 
     def has_waiting_bound(self, session: str | None) -> bool:
         """Whether a request has the time bound `max_queue_delay_s`, and may
         take pinned memory once it is overdue (and counts as a pin's cost)."""
         return not self.by_program or session is None
+
+    @classmethod
+    def of(cls, config: ContinuumConfig) -> ProgramOrder:
+        """The order the config names (resolved once, by the controller)."""
+        return cls(config.admission, config.program_precedence_s, config.program_order)
+
+    def rank(self, program: Program) -> float:
+        """A program's rank among programs, before its place (lower first): 0
+        for all under `arrival`; its service level under `service`."""
+        if not self.by_service:
+            return 0
+        return service_level(program.service, self.levels)
 
     def place(self, program_arrival: float, arrival: float, now: float) -> float:
         """What orders a request among programs: its program's first arrival,
@@ -80,3 +110,11 @@ class ProgramOrder:
     def lost_precedence(self, program_arrival: float, now: float) -> bool:
         """A program this old no longer holds its place (nor its pins) against others."""
         return self.by_program and now - program_arrival >= self.precedence_s
+
+
+def service_level(service: int, levels: int = SERVICE_LEVELS) -> int:
+    """0 for a program served nothing yet; else 1 + the times its service
+    doubled past SERVICE_BASE tokens, at most `levels - 1`. O(1)."""
+    if service <= 0:
+        return 0
+    return min(levels - 1, 1 + max(0, (service // SERVICE_BASE).bit_length()))

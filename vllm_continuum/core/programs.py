@@ -52,6 +52,7 @@ class Program:
     turns: int = 0  # turns ended since it opened (or last went idle)
     live: int = 0  # its requests queued or running
     pins: int = 0  # pins holding its context
+    service: int = 0  # tokens served to it: prefilled (beyond its cache hits) and decoded
     last_end: float | None = None  # when its last turn ended
     last_tool: str | None = None  # the tool its last turn called, until the call returns
     anchor: Anchor | None = None  # the prefix its next turn continues

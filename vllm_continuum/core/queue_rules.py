@@ -128,14 +128,17 @@ class QueueRules:
         return self.order.place(turn.program_arrival, turn.arrival, self.now())
 
     def queue_key(self, request: TurnRequest) -> tuple:
-        """The last lane's order: by the program's first arrival, then the request's
-        (`pinned_fcfs`: the request's only); `sessionless_first` puts requests
-        without a session before every session's."""
+        """The last lane's order: by the program's rank (`program_order: service`:
+        its service level, the least first; else all 0), then its first arrival,
+        then the request's (`pinned_fcfs`: the request's only);
+        `sessionless_first` puts requests without a session before every
+        session's."""
         turn = self.turns.get(request.request_id)
         arrival, seq = (turn.arrival, turn.seq) if turn is not None else (self.now(), -1)
         program = self.place(request) if self._by_program else arrival
         session_last = self._sessionless_first and self.session(request) is not None
-        return (session_last, program, arrival, seq, request.request_id)
+        rank = turn.rank if turn is not None else 0
+        return (session_last, rank, program, arrival, seq, request.request_id)
 
     def has_waiting_bound(self, request: TurnRequest) -> bool:
         """Whether it has the waiting bound (else the turn bound): program_order.py."""

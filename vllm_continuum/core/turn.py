@@ -42,4 +42,6 @@ class Turn:
     continues: bool = False  # its prompt continues its program's context (it did not open it)
     resuming: tuple[bool, float] | None = None  # (found a pin, arrival) until admitted
     aging_from: float | None = None  # its aging restarted then (queue_rules.py); None: `arrival`
+    rank: float = 0  # its program's rank among programs when it arrived (program_order.py)
+    cached: int = 0  # prompt tokens it found cached when admitted
     handed_over: bool = False  # its allocation handed its context's pin over (if any)

@@ -41,7 +41,8 @@ def _sent_program(program: Program, records: list[TurnRecord]) -> Program:
                           # The trace format: a program's last turn calls no tool.
                           tool=planned.tool if nxt else None, tool_s=pause))
         prev_prompt, prev_output = rec.prompt_tokens, rec.output_tokens
-    return Program(program.id, records[0].sent_s, tuple(turns), one_shot=program.one_shot)
+    return Program(program.id, records[0].sent_s, tuple(turns), one_shot=program.one_shot,
+                   session=program.session)
 
 
 def sent_trace(run: RunResult, planned: Trace) -> Trace:

@@ -107,6 +107,7 @@ class Simulation:
         self.seed = seed
         self.clock = SimClock(0.0)
         self._next_tool_s: dict[str, float] = {}
+        self._programs = {p.id: p for p in trace}
         self._hindsight = hindsight
         self.admission_waits: dict[tuple[str, int], float] = {}  # (program, turn) -> s
         self.pressure_releases = [PressureReleases() for _ in range(instances)]
@@ -116,6 +117,7 @@ class Simulation:
                 prefill_profile_path=prefill_profile_path,
                 extra_settings=extra_settings,
                 oracle_durations=self._next_tool_s.get,
+                oracle_remaining=self._remaining_work,
                 stats=self.pressure_releases[i],
             )
             for i in range(instances)
@@ -133,6 +135,13 @@ class Simulation:
         self.reached_pin = 0  # ... that the router sent to that instance
         self.result = RunResult(label=policy, started_at=0.0, duration_s=0.0)
 
+    def _remaining_work(self, session: str, turns_done: int) -> float:
+        """The tokens a program's turns from `turns_done` on add (the order oracle)."""
+        program = self._programs.get(session)
+        if program is None:
+            return 0.0
+        return float(sum(t.new_tokens + t.output_tokens for t in program.turns[turns_done:]))
+
     @property
     def scheduler(self):
         """The only engine's scheduler (one instance)."""
@@ -149,7 +158,7 @@ class Simulation:
         return synthetic_request(
             f"{program.id}/{live.turn}/{next(self._ids)}", live.prompt, hasher=self._hasher,
             max_tokens=turn.output_tokens, ignore_eos=True, arrival=live.arrival,
-            session=None if program.one_shot else program.id,
+            session=None if program.one_shot and not program.session else program.id,
             xargs=None if program.one_shot else continuum_hints(turn),
         )
 

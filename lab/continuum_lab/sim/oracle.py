@@ -1,4 +1,5 @@
-"""The oracle TTL policies: pins sized by each tool call's real duration.
+"""The oracles: TTL policies that know each tool call's real duration, and a
+program order that knows each program's remaining work.
 
 Only a simulator knows that duration (the trace says it), so these policies
 bound what a TTL policy can buy: `oracle` pins every tool call for exactly
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.pin_table import Pin, ReleaseReason
+from vllm_continuum.core.program_order import ProgramOrder
+from vllm_continuum.core.programs import Program
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
@@ -154,3 +157,24 @@ class Hindsight:
 
     def after(self, skips: set[tuple[str, int]], waits: dict[tuple[str, int], float]) -> Hindsight:
         return Hindsight(self.skips | skips, waits)
+
+
+@dataclass(frozen=True)
+class RemainingWorkOrder(ProgramOrder):
+    """The order oracle (`order-oracle`): programs ranked by the work they have
+    left, the least first (shortest remaining processing time), from the
+    trace: what an order that knew every program's length would do, the
+    bound attained service (`program_order: service`) approximates without
+    knowing it. `remaining(session, turns_done)`: the tokens the program's
+    remaining turns add (its new prompt tokens and outputs)."""
+
+    remaining: Callable[[str, int], float] = lambda session, turns_done: 0.0
+
+    def rank(self, program: Program) -> float:
+        return self.remaining(program.session, program.turns)
+
+
+def remaining_work_order(remaining: Callable[[str, int], float]) -> Callable[[ContinuumConfig], ProgramOrder]:
+    """The scheduler's program order factory for `order-oracle`."""
+    return lambda config: RemainingWorkOrder(config.admission, config.program_precedence_s,
+                                             remaining=remaining)

@@ -12,19 +12,20 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
+from vllm_continuum.core.program_order import ProgramOrder
 from continuum_lab.shipped_before import CAPPED as CAPPED_SETTINGS
 from continuum_lab.shipped_before import DEMAND as DEMAND_SETTINGS
 from continuum_lab.shipped_before import PRESSURE as PRESSURE_SETTINGS
 from continuum_lab.shipped_before import pressure_variants
 from continuum_lab.sim.cost_model import CostModel
 from continuum_lab.sim.driver import SimClock, new_scheduler
-from continuum_lab.sim.oracle import oracle_policy_factory
+from continuum_lab.sim.oracle import oracle_policy_factory, remaining_work_order
 from vllm_continuum.metrics.stats import ContinuumStats
 from vllm_continuum.tools.atomic_dir import replacing_dir
 
@@ -134,13 +135,27 @@ HAZARD_CONSTANTS: dict[str, dict[str, float]] = {
 }
 SLOW_TOOLS |= {name: {"TTL_POLICY": "hazard"} for name in HAZARD_CONSTANTS}
 
+# The order of programs in the regular lane (`program_order`, issue 48): by
+# first arrival (what shipped until then), by attained service, and the
+# oracle that knows each program's remaining work (oracle.py), each under
+# what ships otherwise.
+ORDERS: dict[str, dict[str, str]] = {
+    "order-arrival": {"PROGRAM_ORDER": "arrival"},
+    "order-service": {"PROGRAM_ORDER": "service"},
+    "order-oracle": {"PROGRAM_ORDER": "arrival"},
+}
+# `order-service` in fewer levels (ProgramOrder.levels): 2 ranks only a
+# program served nothing yet (its first turn) before the others, then by arrival.
+ORDER_LEVELS: dict[str, int] = {"order-service-2": 2, "order-service-3": 3, "order-service-4": 4}
+ORDERS |= {name: {"PROGRAM_ORDER": "service"} for name in ORDER_LEVELS}
+
 # Baseline label -> its TTL policy ("oracle*" get an oracle TTL policy, oracle.py).
 BASELINES = {"continuum": "continuum", "fixed": "fixed", "forever": "forever",
              "oracle": "never", "oracle-hindsight": "never", "oracle-eq2": "never"}
 # Every label that runs our scheduler: what ships ("default"), the baselines, the candidates.
 PINNING = {"default": {}} | {
     name: {"TTL_POLICY": ttl, **PAPER} for name, ttl in BASELINES.items()
-} | CANDIDATES | RELAXED | SLOW_TOOLS
+} | CANDIDATES | RELAXED | SLOW_TOOLS | ORDERS
 
 # name -> (continuum scheduler?, CONTINUUM_* settings). A plain name runs under
 # the configured pressure policy; NAME-yield / NAME-hold pick one.
@@ -199,6 +214,7 @@ def build_scheduler(
     prefill_profile_path: str | None = None,
     extra_settings: dict[str, str] | None = None,
     oracle_durations: Callable[[str], float | None] | None = None,
+    oracle_remaining: Callable[[str, int], float] | None = None,
     stats: ContinuumStats | None = None,
 ) -> BuiltScheduler:
     """The scheduler `policy` runs on the simulated clock: the one place where
@@ -222,6 +238,13 @@ def build_scheduler(
         constants = next((c for n, c in HAZARD_CONSTANTS.items() if policy in (n, f"{n}-yield", f"{n}-hold")), None)
         if constants is not None:
             extra["continuum_ttl_policy"] = partial(HazardTTLPolicy.from_config, **constants)
+        if policy.startswith("order-oracle"):
+            assert oracle_remaining is not None
+            extra["continuum_program_order"] = remaining_work_order(oracle_remaining)
+        levels = next((n for name, n in ORDER_LEVELS.items()
+                       if policy in (name, f"{name}-yield", f"{name}-hold")), None)
+        if levels is not None:
+            extra["continuum_program_order"] = lambda config: replace(ProgramOrder.of(config), levels=levels)
         if policy.startswith("oracle"):
             assert oracle_durations is not None
             mode = next((m for m in ("eq2", "cap") if policy.startswith(f"oracle-{m}")), "always")
