@@ -137,6 +137,13 @@ class ContinuumConfig(BaseSettings):
         "the remaining turns of long ones (Autellix's PLAS); the turn bound "
         "`max_turn_delay_s` keeps a long program from waiting behind later ones longer.",
     )
+    program_service_levels: int = Field(
+        8, ge=2, le=64,
+        description="program_order: service: the levels programs are ranked in: 0 for a "
+        "program served nothing yet, then one per doubling of its service past 4,096 tokens. "
+        "2: a program's first turn before other programs' remaining turns, the rest by "
+        "arrival.",
+    )
     max_queue_delay_s: float = Field(
         1.0,
         ge=0,

@@ -93,7 +93,8 @@ class ProgramOrder:
     @classmethod
     def of(cls, config: ContinuumConfig) -> ProgramOrder:
         """The order the config names (resolved once, by the controller)."""
-        return cls(config.admission, config.program_precedence_s, config.program_order)
+        return cls(config.admission, config.program_precedence_s, config.program_order,
+                   config.program_service_levels)
 
     def rank(self, program: Program) -> float:
         """A program's rank among programs, before its place (lower first): 0

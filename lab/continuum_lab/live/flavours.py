@@ -52,6 +52,13 @@ FLAVOURS = {STOCK: Flavour(STOCK, "stock")} | {
     # The tool-aware retention rule (core/hazard_ttl.py): what ships since it
     # replaced `forever` (the `forever` flavour above).
     "hazard": Flavour("hazard", "continuum", {"ttl_policy": "hazard"}),
+    # The order of programs (issue 48): by first arrival (the paper's), by
+    # attained service in 8 levels, and a program's first turn before other
+    # programs' remaining turns (2 levels).
+    "order-arrival": Flavour("order-arrival", "continuum", {"program_order": "arrival"}),
+    "order-service": Flavour("order-service", "continuum", {"program_order": "service"}),
+    "order-service-2": Flavour("order-service-2", "continuum",
+                               {"program_order": "service", "program_service_levels": 2}),
     # Stock vLLM and what ships, each with vLLM's KV offload to host memory:
     # an evicted prefix comes back by a load from the host tier, not a prefill.
     STOCK_OFFLOAD: Flavour(STOCK_OFFLOAD, "stock", host_tier=True),

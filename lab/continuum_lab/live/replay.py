@@ -102,7 +102,8 @@ async def _run_program(
     for k, turn in enumerate(program.turns):
         history += new_tokens(program, k, turn.new_tokens, seed)
         body = turn_body(
-            model, history, turn, session=None if program.one_shot else session, hints=hints,
+            model, history, turn, session=None if program.one_shot and not program.session else session,
+            hints=hints,
             call=calls.get(turn.tool), call_token_id=call_token_id,
         )
         sent_s = time.perf_counter() - started

@@ -12,13 +12,12 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 from vllm_continuum.config import ContinuumConfig, load_config
 from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
-from vllm_continuum.core.program_order import ProgramOrder
 from continuum_lab.shipped_before import CAPPED as CAPPED_SETTINGS
 from continuum_lab.shipped_before import DEMAND as DEMAND_SETTINGS
 from continuum_lab.shipped_before import PRESSURE as PRESSURE_SETTINGS
@@ -144,10 +143,10 @@ ORDERS: dict[str, dict[str, str]] = {
     "order-service": {"PROGRAM_ORDER": "service"},
     "order-oracle": {"PROGRAM_ORDER": "arrival"},
 }
-# `order-service` in fewer levels (ProgramOrder.levels): 2 ranks only a
+# `order-service` in fewer levels (`program_service_levels`): 2 ranks only a
 # program served nothing yet (its first turn) before the others, then by arrival.
-ORDER_LEVELS: dict[str, int] = {"order-service-2": 2, "order-service-3": 3, "order-service-4": 4}
-ORDERS |= {name: {"PROGRAM_ORDER": "service"} for name in ORDER_LEVELS}
+ORDERS |= {f"order-service-{n}": {"PROGRAM_ORDER": "service", "PROGRAM_SERVICE_LEVELS": str(n)}
+           for n in (2, 3, 4)}
 
 # Baseline label -> its TTL policy ("oracle*" get an oracle TTL policy, oracle.py).
 BASELINES = {"continuum": "continuum", "fixed": "fixed", "forever": "forever",
@@ -241,10 +240,6 @@ def build_scheduler(
         if policy.startswith("order-oracle"):
             assert oracle_remaining is not None
             extra["continuum_program_order"] = remaining_work_order(oracle_remaining)
-        levels = next((n for name, n in ORDER_LEVELS.items()
-                       if policy in (name, f"{name}-yield", f"{name}-hold")), None)
-        if levels is not None:
-            extra["continuum_program_order"] = lambda config: replace(ProgramOrder.of(config), levels=levels)
         if policy.startswith("oracle"):
             assert oracle_durations is not None
             mode = next((m for m in ("eq2", "cap") if policy.startswith(f"oracle-{m}")), "always")
