@@ -16,7 +16,6 @@ from vllm_continuum.core.hints import NO_HINTS, parse_hints
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable
 from vllm_continuum.core.pressure import PressureRule, blocks_freed, pins_to_release
 from vllm_continuum.core.sessions import SessionRegistry
-from vllm_continuum.core.tool_calls import tool_name_from_text
 from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
 from vllm_continuum.core.waiting_bound import WaitingBound
 from vllm_continuum.core.waiting_queue import PINNED, PREEMPTED, REGULAR, LaneQueue
@@ -382,19 +381,6 @@ def test_programs_end_by_hint_or_idleness():
     # A session whose context is pinned is running a tool, not idle.
     assert reg.pop_idle(now=20.0, horizon_s=5, busy=lambda s: s == "b") == []
     assert reg.end_program("b") == 1 and len(reg) == 0
-
-
-@pytest.mark.parametrize(
-    "text, name",
-    [
-        ('\n{"name": "web_search", "arguments": {"q": 1}}', "web_search"),
-        ('{ "name" :"calc"}', "calc"),
-        ("garbage", "unknown"),
-        ('{"name": ""}', "unknown"),
-    ],
-)
-def test_tool_name_from_text(text, name):
-    assert tool_name_from_text(text) == name
 
 
 def test_a_prompt_anchors_all_but_its_last_full_block():

@@ -36,6 +36,7 @@ from vllm_continuum.metrics.snapshot import (
     BUCKETS,
     ENV_DIR,
     EXPIRY_GRACE_S,
+    NO_CALL,
     Histogram,
     monotonic,
     read_snapshots,
@@ -61,6 +62,8 @@ class Totals:
         self.resume_prompt_tokens = 0
         self.resume_cached_tokens = 0
         self.invalid_hints = 0
+        # Exist at zero from start-up: a server whose agents never pin shows it.
+        self.session_turns: Counter[tuple[str, str]] = Counter({("answer", NO_CALL): 0})
         self.pins_refused = 0
         self.block_shortages = 0
         self.affinity_misses = 0
@@ -82,6 +85,8 @@ class Totals:
         self.resume_prompt_tokens += int(snap.get("resume_prompt_tokens", 0))
         self.resume_cached_tokens += int(snap.get("resume_cached_tokens", 0))
         self.invalid_hints += int(snap.get("invalid_hints", 0))
+        for outcome, call_format, count in snap.get("session_turns", ()):
+            self.session_turns[(str(outcome), str(call_format))] += int(count)
         self.pins_refused += int(snap.get("pins_refused", 0))
         self.block_shortages += int(snap.get("block_shortages", 0))
         self.affinity_misses += int(snap.get("affinity_misses", 0))
@@ -213,6 +218,15 @@ class ContinuumCollector:
             for (tool, key), count in sorted(values.items()):
                 family.add_metric([model, tool, key], count)
             yield family
+        family = CounterMetricFamily(
+            names.SESSION_TURNS,
+            "Finished turns of sessions, by outcome: tool_call (pinned unless its TTL is 0), with "
+            "the format the call was recognised in (a family such as hermes or kimi_k2, a text "
+            "format, pattern, token, forced, hint), or answer (format none: not pinned).",
+            labels=["model_name", "outcome", "format"])
+        for (outcome, call_format), count in sorted(totals.session_turns.items()):
+            family.add_metric([model, outcome, call_format], count)
+        yield family
         yield by(
             names.RESUMES,
             "Requests of a session that had a previous turn, by whether its pin was still held.",

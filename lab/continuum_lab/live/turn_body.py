@@ -39,14 +39,14 @@ import json
 import re
 from dataclasses import dataclass
 
-from vllm_continuum.config import ContinuumConfig
+from vllm_continuum.core.tool_calls.families import FAMILY
 from continuum_lab.trace_format import Turn, continuum_hints
 
 HINTS_ALL = "all"
 HINTS_NONE = "none"
 HINT_MODES = (HINTS_ALL, HINTS_NONE)
-# The token the server reads a tool call by, unless configured otherwise.
-TOOL_CALL_TOKEN = ContinuumConfig.model_fields["tool_call_token"].default
+# The token the server reads the tiny model's (Hermes) tool call by.
+TOOL_CALL_TOKEN = FAMILY["hermes"].starts[0]
 _CALL_END = "</tool_call>"
 _FORCE = 100.0  # logit_bias's bound in vLLM: a token the grammar allows is then taken
 

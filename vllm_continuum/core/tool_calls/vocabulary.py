@@ -1,0 +1,126 @@
+"""What a tokenizer's vocabulary says, read once at start-up.
+
+- `vocab_token_id`: a marker's id when the tokenizer holds it as one token.
+- `token_texts`: the bytes each token decodes to, where the vocabulary shows
+  them: exactly for byte-level BPE (Qwen, Llama 3, GPT-2 and the like: each
+  entry spells its bytes in GPT-2's printable alphabet), closely for
+  SentencePiece (`▁` is a space, `<0xNN>` a byte) and for tokenizers whose
+  vocabulary holds the decoded text (vLLM's Mistral Tekken). None when the
+  vocabulary cannot be read.
+- `spelling_starts`: for a marker written out of ordinary tokens (guided
+  decoding may spell `<tool_call>` as `<` `tool` `_call` `>`), the tokens such
+  a spelling can begin with: those whose text ends with a prefix of the marker
+  or holds all of it. An output holding none of them holds no spelled marker,
+  so it is never decoded to look.
+- `tokens_spelling`: the tokens whose text holds one of a few characters (the
+  text patterns' prefilter).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+logger = logging.getLogger("vllm.continuum")
+
+
+def vocab_of(tokenizer) -> Mapping[str, int] | None:
+    """The tokenizer's vocabulary (added tokens included, by their text); None if unreadable."""
+    if tokenizer is None:
+        return None
+    try:
+        return tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001  (a tokenizer quirk must not break the engine)
+        logger.debug("continuum: the tokenizer's vocabulary is unreadable", exc_info=True)
+        return None
+
+
+def vocab_token_id(tokenizer, token: str) -> int | None:
+    """`token`'s id in the tokenizer's vocabulary; None if absent or unreadable."""
+    vocab = vocab_of(tokenizer)
+    return vocab.get(token) if vocab is not None else None
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the character that spells each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def _decoder_kind(tokenizer) -> str:
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return type(decoder).__name__
+
+
+def token_texts(tokenizer, vocab: Mapping[str, int] | None) -> dict[int, bytes] | None:
+    """Token id -> the bytes it decodes to (see the module's docstring)."""
+    if vocab is None:
+        return None
+    if _decoder_kind(tokenizer) == "ByteLevel":
+        alphabet = _BYTE_LEVEL
+        return {i: _byte_level(token, alphabet) for token, i in vocab.items()}
+    return {i: _piece(token) for token, i in vocab.items()}
+
+
+def _byte_level(token: str, alphabet: dict[str, int]) -> bytes:
+    try:
+        return bytes(alphabet[ch] for ch in token)
+    except KeyError:  # an added token, stored as its text
+        return token.encode("utf-8", "replace")
+
+
+def _piece(token: str) -> bytes:
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return bytes([int(token[3:5], 16)])
+        except ValueError:
+            pass
+    return token.replace("▁", " ").encode("utf-8", "replace")
+
+
+def spelling_starts(texts: Mapping[int, bytes], markers: Iterable[str]) -> dict[str, frozenset[int]]:
+    """Marker -> ids of the tokens its spelling out of ordinary tokens can begin
+    with. One pass over the vocabulary for all markers."""
+    wanted = {m: m.encode() for m in dict.fromkeys(markers)}
+    by_last: dict[int, list[tuple[str, bytes]]] = {}
+    for marker, raw in wanted.items():
+        for end in range(1, len(raw)):
+            by_last.setdefault(raw[end - 1], []).append((marker, raw[:end]))
+    shortest = min(map(len, wanted.values()), default=0)
+    found: dict[str, set[int]] = {m: set() for m in wanted}
+    for token_id, text in texts.items():
+        if not text:
+            continue
+        for marker, prefix in by_last.get(text[-1], ()):
+            if text.endswith(prefix):
+                found[marker].add(token_id)
+        if len(text) > shortest:  # holds a whole marker and more
+            for marker, raw in wanted.items():
+                if raw in text:
+                    found[marker].add(token_id)
+    return {m: frozenset(ids) for m, ids in found.items()}
+
+
+def tokens_spelling(tokenizer, chars: frozenset[str]) -> frozenset[int] | None:
+    """Ids of the tokens whose text may hold one of `chars` (printable ASCII),
+    where that is exact: a byte-level BPE tokenizer, whose decoding joins each
+    token's bytes (printable ASCII is spelled as itself in its vocabulary) and
+    added tokens' text, so that a decoded output holds such a character only
+    if one of its tokens does. None for other tokenizers (nothing known)."""
+    if _decoder_kind(tokenizer) != "ByteLevel":
+        return None
+    vocab = vocab_of(tokenizer)
+    if vocab is None:
+        return None
+    return frozenset(i for token, i in vocab.items() if not chars.isdisjoint(token))
