@@ -15,10 +15,9 @@ from vllm_continuum.core.tool_calls.detector import NAME_TOKENS, ToolCall, ToolC
 from vllm_continuum.core.tool_calls.families import FAMILIES, PARSERS, TEXT_FORMATS
 from vllm_continuum.core.tool_calls.patterns import UNKNOWN_TOOL, TextPatterns
 from vllm_continuum.core.tool_calls.startup import describe
-from vllm_continuum.core.tool_calls.vocabulary import tokens_spelling, vocab_token_id
+from vllm_continuum.core.tool_calls.vocabulary import vocab_token_id
 
 __all__ = [
     "FAMILIES", "NAME_TOKENS", "PARSERS", "TEXT_FORMATS", "UNKNOWN_TOOL",
-    "TextPatterns", "ToolCall", "ToolCallDetector", "describe", "tokens_spelling",
-    "vocab_token_id",
+    "TextPatterns", "ToolCall", "ToolCallDetector", "describe", "vocab_token_id",
 ]

@@ -25,12 +25,14 @@ from vllm_continuum.core.tool_calls.families import (
 )
 from vllm_continuum.core.tool_calls.patterns import UNKNOWN_TOOL, TextPatterns
 from vllm_continuum.core.tool_calls.vocabulary import (
-    spelling_starts, token_texts, tokens_spelling, vocab_of,
+    spellings, token_texts, tokens_spelling, vocab_of,
 )
 
 logger = logging.getLogger("vllm.continuum")
 
 NAME_TOKENS = 64  # the window a name is read in: `{"name": "<128 chars>"` in any tokenizer
+TAIL = 512  # tokens at an output's end where a call's markers are looked for first
+HEAD = 64  # and at its start, for a spelled marker (a forced call)
 MAX_SPELLED_TRIES = 8  # positions where a spelled marker may begin, tried per output
 THINK_END = "</think>"  # a text-format call may follow the model's reasoning
 
@@ -68,16 +70,17 @@ class ToolCallDetector:
         # found and those of the configured parser and tokens.
         texts = token_texts(tokenizer, vocab) if vocab else None
         markers = {m for f in self._families for m in f.starts}
-        self._spellings = spelling_starts(texts, markers) if texts else {}
+        self._spellings = spellings(texts, markers) if texts else {}
         self._by_default = [f for f in self._families if f.name in self.found
                             or f.name in (*self._families_of(parser), "token")]
         self._default_spelled = self._spelling_set(self._by_default)
         self.patterns = TextPatterns(patterns)
-        chars = self.patterns.required_chars() if self.patterns and tokenizer is not None else None
-        self._pattern_ids = tokens_spelling(tokenizer, chars) if chars else None
-        self._watched = frozenset(self._starts) | frozenset(self._ends) | self._default_spelled
-        if self.patterns and self._pattern_ids is not None:
-            self._watched |= self._pattern_ids
+        chars = self.patterns.required_chars() if self.patterns else None
+        self.pattern_ids = tokens_spelling(texts, chars) if chars and texts else None
+        # Every token a call may be seen by: one set scan of an output finds them.
+        self.watched = frozenset(self._starts) | frozenset(self._ends) | self._default_spelled
+        if self.patterns and self.pattern_ids is not None:
+            self.watched |= self.pattern_ids
         self._extra: dict[str, frozenset[int]] = {}
 
     # ------------------------------------------------------------------ reading
@@ -87,14 +90,14 @@ class ToolCallDetector:
         tool parser (else the configured one); `forced`: the request forced a
         call (`tool_choice: required`), so it is one whatever its text."""
         output = output_token_ids if isinstance(output_token_ids, list) else list(output_token_ids)
-        present = self._watched.intersection(output)
+        present = self.watched.intersection(output)
         parser = parser or self.parser
         call = self._by_marker(output, present) if present else None
         if call is None and parser != self.parser and parser in PARSERS:
             extra = self._extra_spelled(parser)
             if extra and not extra.isdisjoint(output):
                 families = [FAMILY[f] for f in self._families_of(parser)]
-                call = self._spelled(output, extra.intersection(output), families)
+                call = self._spelled(output, extra, families)
         if call is None and parser in PARSERS and PARSERS[parser].text:
             text_format = TEXT_FORMATS[PARSERS[parser].text]
             name = self._at_message_start(output, text_format.pattern)
@@ -102,20 +105,24 @@ class ToolCallDetector:
         if call is None and forced:
             call = ToolCall(self._at_message_start(output, JSON_NAME) or UNKNOWN_TOOL, "forced")
         if call is None and self.patterns:
-            if self._pattern_ids is None or present & self._pattern_ids:
+            if self.pattern_ids is None or present & self.pattern_ids:
                 name = self.patterns.match(self._decode(output))
                 call = ToolCall(name, "pattern") if name else None
         return call
 
     def _by_marker(self, output: list[int], present: set[int]) -> ToolCall | None:
-        starts = [(output.index(i), i) for i in present if i in self._starts]
-        for position, token_id in sorted(starts):
+        """A call the output makes by a marker token: its last start marker
+        (calls end a turn: looked for in the output's tail first)."""
+        starts = [(_near_end(output, i), i) for i in present if i in self._starts]
+        for position, token_id in sorted(starts, reverse=True):
             family, marker = self._starts[token_id]
-            if not family.first_only or position == 0:
-                return self._read(family, marker, self._decode(output[position:position + NAME_TOKENS]))
-        ends = [i for i in present if i in self._ends]
+            if family.first_only and output[0] != token_id:
+                continue
+            position = 0 if family.first_only else position
+            return self._read(family, marker, self._decode(output[position:position + NAME_TOKENS]))
+        ends = [_near_end(output, i) for i in present if i in self._ends]
         if ends:
-            end = max(_last_index(output, i, len(output)) for i in ends)
+            end = max(ends)
             family = self._ends[output[end]][0]
             back = self._look_back[family.name]
             begin = max([0, *(_last_index(output, i, end) for i in back)])
@@ -123,18 +130,23 @@ class ToolCallDetector:
         spelled = present & self._default_spelled
         return self._spelled(output, spelled, self._by_default) if spelled else None
 
-    def _spelled(self, output: list[int], candidates: Iterable[int],
+    def _spelled(self, output: list[int], candidates: set[int],
                  families: Sequence[Family]) -> ToolCall | None:
-        """A start marker of `families` written out of ordinary tokens,
-        beginning at one of the first `MAX_SPELLED_TRIES` positions of `candidates`."""
-        positions = sorted(p for i in candidates for p in _indexes(output, i, MAX_SPELLED_TRIES))
-        for p in positions[:MAX_SPELLED_TRIES]:
-            for family, marker in self._spelled_at(output[p], families):
+        """A start marker of `families` written out of ordinary tokens (guided
+        decoding: a forced call starts the output, an auto one ends it),
+        beginning at one of the first `MAX_SPELLED_TRIES` positions of
+        `candidates` in the output's first `HEAD` and last `TAIL` tokens."""
+        tried = 0
+        for p in _positions(output, candidates):
+            for family, marker in self._spelled_at(output, p, families):
                 if family.first_only and p > 0:
                     continue
+                tried += 1
                 span = len(marker.encode()) + 1
                 if marker in self._decode(output[p:p + span]):
                     return self._read(family, marker, self._decode(output[p:p + span + NAME_TOKENS]))
+            if tried >= MAX_SPELLED_TRIES:
+                break
         return None
 
     def _read(self, family: Family, marker: str | None, text: str) -> ToolCall:
@@ -175,17 +187,23 @@ class ToolCallDetector:
         parsers are a known few)."""
         if parser not in self._extra:
             families = (FAMILY[f] for f in self._families_of(parser))
-            self._extra[parser] = self._spelling_set(families) - self._watched
+            self._extra[parser] = self._spelling_set(families) - self.watched
         return self._extra[parser]
 
     def _spelling_set(self, families: Iterable[Family]) -> frozenset[int]:
-        ids = {i for f in families for m in f.starts for i in self._spellings.get(m, ())}
+        ids = {i for f in families for m in f.starts if m in self._spellings
+               for i in self._spellings[m].firsts}
         return frozenset(ids - self._starts.keys())
 
-    def _spelled_at(self, token_id: int, families: Sequence[Family]):
+    def _spelled_at(self, output: list[int], p: int, families: Sequence[Family]):
+        """The markers of `families` a spelling may begin at position `p` (its
+        first token, then its second token, allow it)."""
+        second = output[p + 1] if p + 1 < len(output) else None
         for family in families:
             for marker in family.starts:
-                if token_id in self._spellings.get(marker, ()):
+                spelling = self._spellings.get(marker)
+                if spelling is not None and output[p] in spelling.firsts and (
+                        second in spelling.seconds or output[p] in spelling.whole):
                     yield family, marker
 
     def _decode(self, token_ids: list[int]) -> str:
@@ -198,6 +216,15 @@ class ToolCallDetector:
             return ""
 
 
+def _near_end(output: list[int], token_id: int) -> int:
+    """A position of `token_id` (which the output holds): its first in the
+    last `TAIL` tokens, else its first (C-speed scans)."""
+    try:
+        return output.index(token_id, max(0, len(output) - TAIL))
+    except ValueError:
+        return output.index(token_id)
+
+
 def _last_index(output: list[int], token_id: int, before: int) -> int:
     """The last position of `token_id` before `before`, else -1 (a C-speed scan)."""
     if before <= 0:
@@ -208,14 +235,13 @@ def _last_index(output: list[int], token_id: int, before: int) -> int:
         return -1
 
 
-def _indexes(output: list[int], token_id: int, limit: int) -> list[int]:
-    """The first `limit` positions of `token_id` (C-speed scans)."""
-    positions, start = [], 0
-    while len(positions) < limit:
-        try:
-            start = output.index(token_id, start)
-        except ValueError:
-            break
-        positions.append(start)
-        start += 1
-    return positions
+def _positions(output: list[int], wanted: set[int]):
+    """Positions of `wanted` tokens in the output's first `HEAD` and last
+    `TAIL` tokens, in order: bounded, and a region none of them is in is
+    passed at C speed."""
+    n = len(output)
+    for begin, end in ((0, min(HEAD, n)), (max(HEAD, n - TAIL), n)):
+        if begin < end and not wanted.isdisjoint(output[begin:end]):
+            for p in range(begin, end):
+                if output[p] in wanted:
+                    yield p

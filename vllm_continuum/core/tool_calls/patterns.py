@@ -2,8 +2,8 @@
 reply's text (mini-swe-agent's fenced command block, by default: config.py) and the
 operator's own `tool_call_patterns`. Each pattern has one group, the tool's
 name. They are searched in the whole decoded output, so an output is decoded
-only if one of its tokens spells a character every match needs (exact for
-byte-level BPE: `vocabulary.tokens_spelling`), else always.
+only if one of its tokens spells a character every match needs
+(`vocabulary.tokens_spelling`; without a readable vocabulary, always).
 """
 
 from __future__ import annotations

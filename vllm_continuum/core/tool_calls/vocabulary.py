@@ -7,19 +7,25 @@
   SentencePiece (`▁` is a space, `<0xNN>` a byte) and for tokenizers whose
   vocabulary holds the decoded text (vLLM's Mistral Tekken). None when the
   vocabulary cannot be read.
-- `spelling_starts`: for a marker written out of ordinary tokens (guided
-  decoding may spell `<tool_call>` as `<` `tool` `_call` `>`), the tokens such
-  a spelling can begin with: those whose text ends with a prefix of the marker
-  or holds all of it. An output holding none of them holds no spelled marker,
-  so it is never decoded to look.
+- `spellings`: for a marker written out of ordinary tokens (guided decoding
+  may spell `<tool_call>` as `<` `tool` `_call` `>`), the tokens such a
+  spelling can begin with (their text ends with a prefix of the marker, or
+  holds all of it), and those that can come second. An output holding no
+  first token holds no spelled marker; a first token followed by no second
+  begins none: only the rest is decoded, to look.
 - `tokens_spelling`: the tokens whose text holds one of a few characters (the
   text patterns' prefilter).
+
+The ASCII characters of a token's text appear as themselves in all of these
+(only byte-level BPE's space and control bytes, and SentencePiece's byte
+tokens, are spelled otherwise, and are mapped back here).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 logger = logging.getLogger("vllm.continuum")
 
@@ -89,38 +95,53 @@ def _piece(token: str) -> bytes:
     return token.replace("▁", " ").encode("utf-8", "replace")
 
 
-def spelling_starts(texts: Mapping[int, bytes], markers: Iterable[str]) -> dict[str, frozenset[int]]:
-    """Marker -> ids of the tokens its spelling out of ordinary tokens can begin
-    with. One pass over the vocabulary for all markers."""
+@dataclass(frozen=True)
+class Spelling:
+    """How a marker can be spelled out of ordinary tokens: the tokens the
+    spelling can begin with (their text ends with a prefix of the marker, or
+    holds all of it), and those that can come second (their text is a prefix
+    of what is left of the marker, or begins with all of it)."""
+
+    firsts: frozenset[int]
+    seconds: frozenset[int]
+    whole: frozenset[int]  # first tokens that hold the whole marker (no second needed)
+
+
+def spellings(texts: Mapping[int, bytes], markers: Iterable[str]) -> dict[str, Spelling]:
+    """Marker -> its `Spelling`. One pass over the vocabulary for all markers,
+    each token checked against the markers' prefixes ending in its last byte
+    and their suffixes starting with its first."""
     wanted = {m: m.encode() for m in dict.fromkeys(markers)}
     by_last: dict[int, list[tuple[str, bytes]]] = {}
+    by_first: dict[int, list[tuple[str, bytes]]] = {}
     for marker, raw in wanted.items():
-        for end in range(1, len(raw)):
-            by_last.setdefault(raw[end - 1], []).append((marker, raw[:end]))
+        for cut in range(1, len(raw)):
+            by_last.setdefault(raw[cut - 1], []).append((marker, raw[:cut]))
+            by_first.setdefault(raw[cut], []).append((marker, raw[cut:]))
     shortest = min(map(len, wanted.values()), default=0)
-    found: dict[str, set[int]] = {m: set() for m in wanted}
+    firsts: dict[str, set[int]] = {m: set() for m in wanted}
+    seconds: dict[str, set[int]] = {m: set() for m in wanted}
+    whole: dict[str, set[int]] = {m: set() for m in wanted}
     for token_id, text in texts.items():
         if not text:
             continue
         for marker, prefix in by_last.get(text[-1], ()):
             if text.endswith(prefix):
-                found[marker].add(token_id)
+                firsts[marker].add(token_id)
+        for marker, rest in by_first.get(text[0], ()):
+            if rest.startswith(text) or text.startswith(rest):
+                seconds[marker].add(token_id)
         if len(text) > shortest:  # holds a whole marker and more
             for marker, raw in wanted.items():
                 if raw in text:
-                    found[marker].add(token_id)
-    return {m: frozenset(ids) for m, ids in found.items()}
+                    whole[marker].add(token_id)
+    return {m: Spelling(frozenset(firsts[m] | whole[m]), frozenset(seconds[m]), frozenset(whole[m]))
+            for m in wanted}
 
 
-def tokens_spelling(tokenizer, chars: frozenset[str]) -> frozenset[int] | None:
-    """Ids of the tokens whose text may hold one of `chars` (printable ASCII),
-    where that is exact: a byte-level BPE tokenizer, whose decoding joins each
-    token's bytes (printable ASCII is spelled as itself in its vocabulary) and
-    added tokens' text, so that a decoded output holds such a character only
-    if one of its tokens does. None for other tokenizers (nothing known)."""
-    if _decoder_kind(tokenizer) != "ByteLevel":
-        return None
-    vocab = vocab_of(tokenizer)
-    if vocab is None:
-        return None
-    return frozenset(i for token, i in vocab.items() if not chars.isdisjoint(token))
+def tokens_spelling(texts: Mapping[int, bytes], chars: frozenset[str]) -> frozenset[int]:
+    """Ids of the tokens whose text holds one of `chars` (printable ASCII,
+    which every kind of vocabulary above spells as itself): an output none of
+    whose tokens is one cannot hold such a character once decoded."""
+    wanted = tuple(c.encode() for c in chars)
+    return frozenset(i for i, text in texts.items() if any(c in text for c in wanted))
