@@ -28,6 +28,7 @@ class Sample:
     tool: str = TOOL  # the name the call holds
     format: str | None = None  # the format the scheduler reports (default: `parser`)
     needs_parser: bool = False  # a text format: recognised with `tool_call_parser` only
+    stops: tuple[str, ...] = ()  # tokens its turns end with (else the end-of-sequence token)
 
     @property
     def shown_format(self) -> str:
@@ -76,10 +77,10 @@ SAMPLES: dict[str, Sample] = {
                      f"<|start|>assistant<|channel|>commentary to=functions.{TOOL} <|constrain|>json"
                      f"<|message|>{_ARGS}<|call|>",
                      answer="<|channel|>final<|message|>It is sunny in Paris today.<|return|>",
-                     tokens=_HARMONY),
+                     tokens=_HARMONY, stops=("<|call|>", "<|return|>")),
     "llama3_builtin": Sample("llama3_json", '<|python_tag|>brave_search.call(query="Paris weather")'
                              "<|eom_id|>", tokens=("<|python_tag|>", "<|eom_id|>", "<|eot_id|>"),
-                             tool="brave_search"),
+                             tool="brave_search", stops=("<|eom_id|>", "<|eot_id|>")),
     "llama3_json": Sample("llama3_json", f'{{"name": "{TOOL}", "parameters": {_ARGS}}}',
                           tokens=("<|python_tag|>", "<|eom_id|>", "<|eot_id|>"), needs_parser=True),
     "llama4_pythonic": Sample("llama4_pythonic", f'<|python_start|>[{TOOL}(city="Paris")]<|python_end|>',
@@ -100,6 +101,15 @@ SAMPLES: dict[str, Sample] = {
                             tokens=("<start_function_call>", "<end_function_call>", "<escape>")),
     "xlam": Sample("xlam", f"[{_JSON_CALL}]", needs_parser=True),
 }
+
+
+def sample_tokenizer(base: str | pathlib.Path, key: str, out: str | pathlib.Path) -> pathlib.Path:
+    """`family_tokenizer` for `SAMPLES[key]`: its tokens, and none of the tiny
+    model's own Hermes tokens it does not use."""
+    from vllm_continuum.tools.tiny_model.tokenizer import TOOL_TOKENS
+
+    tokens = SAMPLES[key].tokens
+    return family_tokenizer(base, tokens, out, drop=tuple(t for t in TOOL_TOKENS if t not in tokens))
 
 
 def family_tokenizer(base: str | pathlib.Path, tokens: tuple[str, ...], out: str | pathlib.Path,
