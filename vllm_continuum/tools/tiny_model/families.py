@@ -78,6 +78,11 @@ SAMPLES: dict[str, Sample] = {
                      f"<|message|>{_ARGS}<|call|>",
                      answer="<|channel|>final<|message|>It is sunny in Paris today.<|return|>",
                      tokens=_HARMONY, stops=("<|call|>", "<|return|>")),
+    "llama3_python_tag": Sample("llama3_json", f'<|python_tag|>{{"name": "{TOOL}", "parameters": '
+                                f"{_ARGS}}}<|eom_id|>", tokens=("<|python_tag|>", "<|eom_id|>", "<|eot_id|>"),
+                                stops=("<|eom_id|>", "<|eot_id|>")),
+    # A built-in tool (Llama 3.1 with "Environment: ipython"): vLLM returns it as
+    # content; the client's executor runs it and comes back, as after any call.
     "llama3_builtin": Sample("llama3_json", '<|python_tag|>brave_search.call(query="Paris weather")'
                              "<|eom_id|>", tokens=("<|python_tag|>", "<|eom_id|>", "<|eot_id|>"),
                              tool="brave_search", stops=("<|eom_id|>", "<|eot_id|>")),
