@@ -108,6 +108,14 @@ SAMPLES: dict[str, Sample] = {
 }
 
 
+# Families a tiny model can be served as (build_tiny_model(family=...)): the
+# tokens its tokenizer holds (special, as in the real one) and its chat template.
+SERVED: dict[str, tuple[tuple[str, ...], str]] = {
+    "kimi_k2": ((*_KIMI, "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>",
+                 "<think>", "</think>"), "KIMI_K2_TEMPLATE"),
+}
+
+
 def sample_tokenizer(base: str | pathlib.Path, key: str, out: str | pathlib.Path) -> pathlib.Path:
     """`family_tokenizer` for `SAMPLES[key]`: its tokens, and none of the tiny
     model's own Hermes tokens it does not use."""
