@@ -30,7 +30,6 @@ import json
 import random
 import re
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -215,26 +214,52 @@ def middleware_bench(args) -> dict:
 
 
 # ------------------------------------------------------------- the commands
-def _print(name: str, report: dict, argv: list[str]) -> None:
-    for row in report["rows"]:
-        print(json.dumps(row))
-    verdicts = [row["verdict"] for row in report["rows"]]
-    print(f"{name}: {'PASS' if all(v == 'PASS' for v in verdicts) else 'FAIL'} "
-          f"({verdicts.count('PASS')}/{len(verdicts)} rows)")
-    print("reproduce: vllm-continuum " + " ".join(argv))
+def _table(name: str, rows: list[dict]) -> str:
+    if name == "tool-call-bench":
+        lines = ["| tokenizer | output | found (before #45) | found | before, us p50 (min) | "
+                 "now, us p50 (min) | now / before | verdict |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(
+                f"| {r['tokenizer']} | {r['case']} ({r['tokens']} tokens) | {r['found_before']} | "
+                f"{r['found'] and ' '.join(r['found'])} | {r['before']['p50_us']:.1f} "
+                f"({r['before']['min_us']:.1f}) | {r['new']['p50_us']:.1f} ({r['new']['min_us']:.1f}) "
+                f"| {r['new_over_before']:.2f} | {r['verdict']} |")
+    else:
+        lines = ["| body | parse, us | add hints, us | add hints / parse | read TTLs, us | "
+                 "whole plan, us | re-serialise, us | verdict |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(
+                f"| {r['body_bytes']:,} B | {r['parse']['p50_us']:.1f} | {r['add_hints']['p50_us']:.1f} | "
+                f"{r['add_hints_over_parse']:.3f} | {r['read_ttls']['p50_us']:.1f} | "
+                f"{r['whole_plan']['p50_us']:.1f} | {r['reserialise']['p50_us']:.1f} | {r['verdict']} |")
+    return "\n".join(lines)
 
 
 def _run(args) -> int:
+    from continuum_lab.publish import publish_report
+
     report = args.bench(args)
-    report["command"] = "vllm-continuum " + " ".join(sys.argv[1:])
-    report["clock"] = args.clock
-    _print(args.command_name, report, sys.argv[1:])
+    command = (f"vllm-continuum {args.command_name} --repeat {args.repeat} --batches {args.batches} "
+               f"--clock {args.clock}"
+               + (f" --tokens {args.tokens}" + ("" if args.tekken else " --no-tekken")
+                  if args.bench is tool_call_bench else "")
+               + (f" --publish {args.publish}" if args.publish else ""))
+    verdicts = [row["verdict"] for row in report["rows"]]
+    verdict = "PASS" if all(v == "PASS" for v in verdicts) else "FAIL"
+    text = (f"{_table(args.command_name, report['rows'])}\n\n{args.command_name}: {verdict} "
+            f"({verdicts.count('PASS')}/{len(verdicts)} rows; per call, {args.clock} clock, median "
+            f"and min of {args.batches} batches of {args.repeat})\nreproduce: {command}")
+    print(text)
     if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if all(row["verdict"] == "PASS" for row in report["rows"]) else 1
+        args.out.write_text(json.dumps({**report, "command": command, "clock": args.clock}, indent=2) + "\n")
+    if args.publish:
+        print(publish_report(args.publish, text, command))
+    return 0 if verdict == "PASS" else 1
 
 
 def register(subparsers) -> None:
+    from continuum_lab.publish import result_name
+
     cache = Path.home() / ".cache" / "vllm-continuum"
     for name, bench, help_text in (
         ("tool-call-bench", tool_call_bench, "the engine core's cost of reading a finished turn"),
@@ -246,6 +271,8 @@ def register(subparsers) -> None:
         p.add_argument("--batches", type=int, default=15, help="batches (median and min reported)")
         p.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
         p.add_argument("--out", type=Path, help="also write the results as JSON")
+        p.add_argument("--publish", type=result_name, metavar="NAME",
+                       help="also write the report to docs/results/NAME.md")
         if bench is tool_call_bench:
             p.add_argument("--tokens", type=int, default=6000, help="output tokens per turn")
             p.add_argument("--model-dir", type=Path, default=cache / "tiny-model")
