@@ -178,3 +178,40 @@ def test_mistral_tekken_a_real_tokenizer(tekken_dir, async_scheduling):
     assert d.scheduler.continuum.pins.get("B") is None
     assert d.scheduler.continuum.stats.session_turns == {
         ("tool_call", "mistral"): 1, ("answer", "none"): 1}
+
+
+def test_forced_calls_without_a_marker(family_dirs, async_scheduling):
+    """A forced call made under guided JSON (a parser without a structural
+    tag; no marker in the output). The engine core knows `required` from the
+    schema vLLM built for it; the middleware's hints say the rest (a named
+    tool: the bare arguments). A JSON answer with neither pins nothing."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.tool_parsers.utils import get_json_schema_from_tools
+
+    d = driver(family_dirs["pythonic"], async_scheduling)  # no marker in this vocabulary
+    tool = ChatCompletionToolsParam.model_validate({"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object"}}})
+    listed = '[{"name": "get_weather", "parameters": {"city": "Paris"}}]'
+    required = make_request(tokens(0, PROMPT), session="A", max_tokens=64)
+    # What the engine core reads (the grammar itself is vLLM's, not run here).
+    required.sampling_params.structured_outputs = StructuredOutputsParams(
+        json=get_json_schema_from_tools("required", [tool]))
+    d.add(required, [*encode(d, listed), EOS_TOKEN_ID])
+    d.run_until_finished(required)
+    turn(d, "B", tokens(1000, PROMPT), '{"city": "Paris"}', xargs={"continuum_tool": "get_weather"})
+    turn(d, "C", tokens(2000, PROMPT), listed, xargs={"continuum_tool_choice": "required"})
+    turn(d, "D", tokens(3000, PROMPT), '{"city": "Paris"}')
+    stats = d.scheduler.continuum.stats
+    assert stats.pins_by_tool == {"get_weather": 3}  # A, B, C (the small pool then takes two back)
+    assert d.scheduler.continuum.pins.get("D") is None
+    assert stats.session_turns == {
+        ("tool_call", "forced"): 2, ("tool_call", "hint"): 1, ("answer", "none"): 1}
+
+
+def test_an_invalid_parser_hint_is_ignored_and_counted(family_dirs, async_scheduling):
+    sample = SAMPLES["llama3_json"]
+    d = driver(family_dirs["llama3_json"], async_scheduling)
+    turn(d, "A", tokens(0, PROMPT), sample.call, xargs={"continuum_tool_parser": "jamba"})
+    assert d.scheduler.continuum.pins.get("A") is None
+    assert d.scheduler.continuum.stats.invalid_hints == 1

@@ -42,3 +42,26 @@ def test_vllms_parser_reads_the_sample_as_the_scheduler_does(tiny_model_dir, tmp
     detector = ToolCallDetector(tokenizer, parser=sample.parser if sample.needs_parser else None)
     ids = tokenizer.encode(sample.call, add_special_tokens=False)
     assert detector.tool_called(ids) == ToolCall(sample.tool, sample.shown_format)
+
+
+def test_vllms_required_schema_is_known_and_a_named_tools_is_not():
+    """What the engine core can tell of a forced call without the middleware
+    (core/tool_calls/forced.py), against the schemas vLLM itself builds."""
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionNamedToolChoiceParam,
+        ChatCompletionToolsParam,
+    )
+    from vllm.tool_parsers.utils import get_json_schema_from_tools
+
+    from vllm_continuum.core.tool_calls.forced import is_required_schema
+
+    tools = [ChatCompletionToolsParam.model_validate(t) for t in TOOLS * 2]
+    tools[1].function.name = "get_time"
+    for parallel in (None, False):
+        assert is_required_schema(get_json_schema_from_tools("required", tools, parallel))
+    named = ChatCompletionNamedToolChoiceParam.model_validate(
+        {"type": "function", "function": {"name": "get_weather"}})
+    assert not is_required_schema(get_json_schema_from_tools(named, tools))
+    response_format = {"type": "array", "minItems": 1, "items": {"type": "object"}}
+    assert not is_required_schema(response_format)
+    assert not is_required_schema("{}") and not is_required_schema(None)

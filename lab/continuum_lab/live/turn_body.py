@@ -9,7 +9,7 @@ with `max_tokens`, `min_tokens` and `ignore_eos`.
 vLLM's own `session_id` (and the `X-Session-ID` header, replay.py), and the
 server must see by itself that a turn ended in a tool call. It reads that
 from the finished output, as it would from a trained Hermes/Qwen model's
-(core/tool_calls.py): the single `<tool_call>` token, then
+(core/tool_calls/): the single `<tool_call>` token, then
 `{"name": "...`. The benchmark model has random weights, so the replay has
 the engine itself write the call, with vLLM's structured outputs: the turn
 is constrained to the regex of

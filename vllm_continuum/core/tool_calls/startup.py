@@ -8,8 +8,8 @@ import logging
 from vllm_continuum.core.tool_calls.families import FAMILIES, PARSERS, TEXT_FORMATS
 
 MIDDLEWARE = "vllm_continuum.frontend.middleware.ClientSessionMiddleware"
-_ALWAYS = ("forced calls (tool_choice required or a named tool: vLLM's `required` JSON schema, "
-           f"and through --middleware {MIDDLEWARE}) and the continuum_tool hint")
+_ALWAYS = ('forced calls (tool_choice "required" by vLLM\'s JSON schema; any forced call '
+           f"through --middleware {MIDDLEWARE}) and the continuum_tool hint")
 
 
 def describe(detector) -> tuple[int, str]:
@@ -24,9 +24,9 @@ def describe(detector) -> tuple[int, str]:
         parts.append(f"{' and '.join(detector.found)} markers in the vocabulary ({markers})")
     if detector.parser is not None:
         text = PARSERS[detector.parser].text
-        parts.append(f"tool_call_parser {detector.parser}"
-                     + (f" ({TEXT_FORMATS[text].name} text at a message's start)" if text else "")
-                     + " (markers also where the output spells them out of ordinary tokens)")
+        parts.append(f"tool_call_parser {detector.parser}: "
+                     + (f"{TEXT_FORMATS[text].name} text at a message's start, " if text else "")
+                     + "its markers also where the output spells them out of ordinary tokens")
     if detector.missing_tokens:
         level = logging.WARNING
         parts.append(f"tool_call_tokens {detector.missing_tokens} are not single tokens of this "
@@ -40,7 +40,7 @@ def describe(detector) -> tuple[int, str]:
     return logging.WARNING, (
         f"continuum: no tool-call marker of a known format is a single token of this tokenizer "
         f"(looked up: {families}): a turn is recognised as a tool call only by "
-        + (f"{len(detector.patterns)} text pattern(s) (tool_call_patterns), " if detector.patterns else "")
+        + (f"{len(detector.patterns)} text pattern(s), " if detector.patterns else "")
         + f"{_ALWAYS}. If the model writes its calls as text, set tool_call_parser to vLLM's "
         f"--tool-call-parser name ({', '.join(sorted(PARSERS))}), or load --middleware "
         f"{MIDDLEWARE}, which passes the server's own; if it has a tool-call token of its own, "
