@@ -204,29 +204,25 @@ class ContinuumCollector:
             "(memory a TTL spent for nothing), by tool.",
             "tool", totals.expired_block_seconds_by_tool,
         )
-        for name, doc, second, values in (
+        for name, doc, labels, values in (
             (names.TOOL_PIN_OUTCOMES,
              "Pins released, by tool and outcome: resumed (handed over to the next turn), "
              "expired (TTL passed first), other (pressure, last turn, abort, reset, replaced).",
-             "outcome", totals.pin_outcomes_by_tool),
+             ("tool", "outcome"), totals.pin_outcomes_by_tool),
             (names.TTL_REVISITS,
              "TTLs decided again when a revisable pin's TTL passed (ttl_policy: hazard), by tool "
              "and decision: held (a new TTL) or released.",
-             "decision", totals.ttl_revisits),
+             ("tool", "decision"), totals.ttl_revisits),
+            (names.SESSION_TURNS,
+             "Finished turns of sessions, by outcome: tool_call (pinned unless its TTL is 0), with "
+             "the format the call was recognised in (a family such as hermes or kimi_k2, a text "
+             "format, pattern, token, forced, hint), or answer (format none: not pinned).",
+             ("outcome", "format"), totals.session_turns),
         ):
-            family = CounterMetricFamily(name, doc, labels=["model_name", "tool", second])
-            for (tool, key), count in sorted(values.items()):
-                family.add_metric([model, tool, key], count)
+            family = CounterMetricFamily(name, doc, labels=["model_name", *labels])
+            for keys, count in sorted(values.items()):
+                family.add_metric([model, *keys], count)
             yield family
-        family = CounterMetricFamily(
-            names.SESSION_TURNS,
-            "Finished turns of sessions, by outcome: tool_call (pinned unless its TTL is 0), with "
-            "the format the call was recognised in (a family such as hermes or kimi_k2, a text "
-            "format, pattern, token, forced, hint), or answer (format none: not pinned).",
-            labels=["model_name", "outcome", "format"])
-        for (outcome, call_format), count in sorted(totals.session_turns.items()):
-            family.add_metric([model, outcome, call_format], count)
-        yield family
         yield by(
             names.RESUMES,
             "Requests of a session that had a previous turn, by whether its pin was still held.",
