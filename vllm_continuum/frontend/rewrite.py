@@ -14,8 +14,8 @@ whole body again: `"vllm_xargs": {...}` goes in before the object's closing
 brace, after every key the client sent. JSON objects keep the last of
 duplicate keys (Python's `json`, which vLLM's FastAPI routes parse with), so
 a client's own `vllm_xargs` is replaced by itself plus the hints. Adding
-hints costs a copy of the body, about a tenth of parsing it at most
-(`vllm-continuum middleware-bench`).
+hints costs a copy of the body: 1-4% of parsing it, measured at 77 KB and
+1.8 MB (`vllm-continuum middleware-bench`).
 """
 
 from __future__ import annotations

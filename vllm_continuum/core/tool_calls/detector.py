@@ -111,8 +111,9 @@ class ToolCallDetector:
         return call
 
     def _by_marker(self, output: list[int], present: set[int]) -> ToolCall | None:
-        """A call the output makes by a marker token: its last start marker
-        (calls end a turn: looked for in the output's tail first)."""
+        """A call the output makes by a marker token, read at the start marker
+        nearest its end (calls end a turn: each marker is looked for in the
+        last `TAIL` tokens first), else back from its last end token."""
         starts = [(_near_end(output, i), i) for i in present if i in self._starts]
         for position, token_id in sorted(starts, reverse=True):
             family, marker = self._starts[token_id]
