@@ -241,7 +241,8 @@ class ContinuumConfig(BaseSettings):
     tool_call_tokens: list[str] = Field(
         default_factory=list,
         description="More tokens whose presence in a finished output marks a tool call (the "
-        "name is read from a JSON \"name\" after it), beyond the known families' markers.",
+        "name is read from a JSON object right after it: {\"name\": ...}), beyond the known "
+        "families' markers, which need no setting.",
     )
     tool_call_token: str | None = Field(
         None,

@@ -171,16 +171,19 @@ def _grown(body: dict, size: int) -> dict:
     """`body` with its conversation grown to about `size` bytes: tool-use
     rounds appended, as Claude Code's requests grow over a session."""
     grown = json.loads(json.dumps(body))
-    messages = grown["messages"]
-    n = 0
-    while len(json.dumps(grown)) < size:
+    messages, total, n = grown["messages"], len(json.dumps(grown)), 0
+    while total < size:
         n += 1
-        messages.append({"role": "assistant", "content": [{
-            "type": "tool_use", "id": f"toolu_{n:06d}", "name": "Bash",
-            "input": {"command": f"grep -rn pattern_{n} src/"}}]})
-        messages.append({"role": "user", "content": [{
-            "type": "tool_result", "tool_use_id": f"toolu_{n:06d}",
-            "content": "src/module.py:%d: a line of output that matched\n" % n * 40}]})
+        round_trip = [
+            {"role": "assistant", "content": [{
+                "type": "tool_use", "id": f"toolu_{n:06d}", "name": "Bash",
+                "input": {"command": f"grep -rn pattern_{n} src/"}}]},
+            {"role": "user", "content": [{
+                "type": "tool_result", "tool_use_id": f"toolu_{n:06d}",
+                "content": "src/module.py:%d: a line of output that matched\n" % n * 40}]},
+        ]
+        messages.extend(round_trip)
+        total += sum(len(json.dumps(m)) + 2 for m in round_trip)
     return grown
 
 
