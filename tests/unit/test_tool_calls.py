@@ -234,3 +234,23 @@ def test_the_start_up_warning_says_which_setting_is_needed(tokenizer_of):
     assert level == logging.WARNING and "'<nope>'" in message
     level, message = describe(ToolCallDetector(None))
     assert level == logging.WARNING and "no tokenizer" in message
+
+
+class Odd:
+    """A tokenizer of an unknown kind: a tiktoken-style vocabulary (bytes) and
+    a decoder that fails."""
+
+    def get_vocab(self):
+        return {b"<tool_call>": 5, "<|call|>": 6, 7: 8}
+
+    def decode(self, ids):
+        raise RuntimeError("cannot decode")
+
+
+def test_an_odd_tokenizer_never_fails_a_turn():
+    detector = ToolCallDetector(Odd(), parser="llama3_json", patterns=TEXT_TOOL_CALL_PATTERNS)
+    assert detector.found == ["openai"]
+    assert detector.tool_called([1, 5, 6]) == ToolCall("unknown", "openai")
+    assert detector.tool_called([1, 2, 3], forced=True) == ToolCall("unknown", "forced")
+    assert detector.tool_called([1, 2, 3]) is None
+    assert detector.tool_called(None) is None  # (not a sequence: logged, read as no call)

@@ -88,7 +88,16 @@ class ToolCallDetector:
                     forced: bool = False) -> ToolCall | None:
         """The call the output makes, else None. `parser`: the request's vLLM
         tool parser (else the configured one); `forced`: the request forced a
-        call (`tool_choice: required`), so it is one whatever its text."""
+        call (`tool_choice: required`), so it is one whatever its text.
+        Never raises (it runs inside vLLM's step): a failure reads as no call."""
+        try:
+            return self._tool_called(output_token_ids, parser, forced)
+        except Exception:  # noqa: BLE001
+            logger.warning("continuum: could not read a finished turn's tool call", exc_info=True)
+            return None
+
+    def _tool_called(self, output_token_ids: Sequence[int], parser: str | None,
+                     forced: bool) -> ToolCall | None:
         output = output_token_ids if isinstance(output_token_ids, list) else list(output_token_ids)
         present = self.watched.intersection(output)
         parser = parser or self.parser

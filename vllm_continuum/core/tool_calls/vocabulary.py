@@ -70,23 +70,31 @@ def _decoder_kind(tokenizer) -> str:
 
 
 def token_texts(tokenizer, vocab: Mapping[str, int] | None) -> dict[int, bytes] | None:
-    """Token id -> the bytes it decodes to (see the module's docstring)."""
+    """Token id -> the bytes it decodes to (see the module's docstring); None
+    if the vocabulary is not one of these (nothing is then read from it)."""
     if vocab is None:
         return None
-    if _decoder_kind(tokenizer) == "ByteLevel":
-        alphabet = _BYTE_LEVEL
-        return {i: _byte_level(token, alphabet) for token, i in vocab.items()}
-    return {i: _piece(token) for token, i in vocab.items()}
+    try:
+        if _decoder_kind(tokenizer) == "ByteLevel":
+            return {i: _byte_level(token, _BYTE_LEVEL) for token, i in vocab.items()}
+        return {i: _piece(token) for token, i in vocab.items()}
+    except Exception:  # noqa: BLE001  (an unknown vocabulary: spelled markers not looked for)
+        logger.debug("continuum: the tokenizer's vocabulary is not text", exc_info=True)
+        return None
 
 
 def _byte_level(token: str, alphabet: dict[str, int]) -> bytes:
+    if isinstance(token, bytes):
+        return token
     try:
         return bytes(alphabet[ch] for ch in token)
     except KeyError:  # an added token, stored as its text
         return token.encode("utf-8", "replace")
 
 
-def _piece(token: str) -> bytes:
+def _piece(token: str | bytes) -> bytes:
+    if isinstance(token, bytes):  # a tiktoken-style vocabulary
+        return token
     if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
         try:
             return bytes([int(token[3:5], 16)])
