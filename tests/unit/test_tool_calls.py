@@ -220,7 +220,9 @@ def test_tool_hints_never_raise_and_are_known_or_dropped(xargs):
 def test_the_start_up_line_says_what_was_found(tokenizer_of):
     level, message = describe(ToolCallDetector(tokenizer_of("kimi_k2")))
     assert level == logging.INFO
-    assert "kimi_k2 markers in the vocabulary" in message and "<|tool_call_begin|>=" in message
+    assert "markers of kimi_k2 in the vocabulary" in message and "<|tool_call_begin|>=" in message
+    _, message = describe(ToolCallDetector(tokenizer_of("glm45")))
+    assert "markers of hermes/qwen3_coder/glm45 in the vocabulary (<tool_call>=" in message
 
 
 def test_the_start_up_warning_says_which_setting_is_needed(tokenizer_of):

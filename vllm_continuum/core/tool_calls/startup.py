@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import logging
 
-from vllm_continuum.core.tool_calls.families import FAMILIES, PARSERS, TEXT_FORMATS
+from vllm_continuum.core.tool_calls.families import FAMILIES, FAMILY, PARSERS, TEXT_FORMATS
 
 MIDDLEWARE = "vllm_continuum.frontend.middleware.ClientSessionMiddleware"
 _ALWAYS = ('forced calls (tool_choice "required" by vLLM\'s JSON schema; any forced call '
            f"through --middleware {MIDDLEWARE}) and the continuum_tool hint")
+
+
+def _formats(family: str) -> list[str]:
+    """The formats a family's markers are read in (several share `<tool_call>`)."""
+    found = FAMILY.get(family)
+    return list(dict.fromkeys([family, *(r.format for r in found.names)])) if found else [family]
 
 
 def describe(detector) -> tuple[int, str]:
@@ -21,12 +27,14 @@ def describe(detector) -> tuple[int, str]:
     parts, level = [], logging.INFO
     if detector.found:
         markers = ", ".join(f"{m}={i}" for m, i in detector.marker_ids().items())
-        parts.append(f"{' and '.join(detector.found)} markers in the vocabulary ({markers})")
+        formats = " and ".join("/".join(_formats(name)) for name in detector.found)
+        parts.append(f"markers of {formats} in the vocabulary ({markers})")
     if detector.parser is not None:
-        text = PARSERS[detector.parser].text
-        parts.append(f"tool_call_parser {detector.parser}: "
-                     + (f"{TEXT_FORMATS[text].name} text at a message's start, " if text else "")
-                     + "its markers also where the output spells them out of ordinary tokens")
+        parser = PARSERS[detector.parser]
+        read = ([f"{TEXT_FORMATS[parser.text].name} text at a message's start"] if parser.text else [])
+        if parser.families:
+            read.append("its markers also where the output spells them out of ordinary tokens")
+        parts.append(f"tool_call_parser {detector.parser}: {', '.join(read)}")
     if detector.missing_tokens:
         level = logging.WARNING
         parts.append(f"tool_call_tokens {detector.missing_tokens} are not single tokens of this "
