@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from vllm_continuum.config import TEXT_TOOL_CALL_PATTERNS, ConfigError, load_config
 from vllm_continuum.core.hints import parse_hints
 from vllm_continuum.core.tool_calls import PARSERS, ToolCall, ToolCallDetector, describe
-from vllm_continuum.core.tool_calls.detector import HEAD, MAX_SPELLED_TRIES, TAIL
+from vllm_continuum.core.tool_calls.detector import MAX_SPELLED_TRIES
+from vllm_continuum.core.tool_calls.positions import HEAD, TAIL
 from vllm_continuum.core.tool_calls.patterns import required_char
 from vllm_continuum.tools.tiny_model.families import SAMPLES, sample_tokenizer
 

@@ -24,6 +24,7 @@ from vllm_continuum.core.tool_calls.families import (
     FAMILIES, FAMILY, JSON_NAME, PARSERS, TEXT_FORMATS, Family, NameReader,
 )
 from vllm_continuum.core.tool_calls.patterns import UNKNOWN_TOOL, TextPatterns
+from vllm_continuum.core.tool_calls.positions import last_index, near_end, positions
 from vllm_continuum.core.tool_calls.vocabulary import (
     spellings, token_texts, tokens_spelling, vocab_of,
 )
@@ -31,8 +32,6 @@ from vllm_continuum.core.tool_calls.vocabulary import (
 logger = logging.getLogger("vllm.continuum")
 
 NAME_TOKENS = 64  # the window a name is read in: `{"name": "<128 chars>"` in any tokenizer
-TAIL = 512  # tokens at an output's end where a call's markers are looked for first
-HEAD = 64  # and at its start, for a spelled marker (a forced call)
 MAX_SPELLED_TRIES = 8  # positions where a spelled marker may begin, tried per output
 THINK_END = "</think>"  # a text-format call may follow the model's reasoning
 
@@ -123,19 +122,19 @@ class ToolCallDetector:
         """A call the output makes by a marker token, read at the start marker
         nearest its end (calls end a turn: each marker is looked for in the
         last `TAIL` tokens first), else back from its last end token."""
-        starts = [(_near_end(output, i), i) for i in present if i in self._starts]
+        starts = [(near_end(output, i), i) for i in present if i in self._starts]
         for position, token_id in sorted(starts, reverse=True):
             family, marker = self._starts[token_id]
             if family.first_only and output[0] != token_id:
                 continue
             position = 0 if family.first_only else position
             return self._read(family, marker, self._decode(output[position:position + NAME_TOKENS]))
-        ends = [_near_end(output, i) for i in present if i in self._ends]
+        ends = [near_end(output, i) for i in present if i in self._ends]
         if ends:
             end = max(ends)
             family = self._ends[output[end]][0]
             back = self._look_back[family.name]
-            begin = max([0, *(_last_index(output, i, end) for i in back)])
+            begin = max([0, *(last_index(output, i, end) for i in back)])
             return self._read(family, None, self._decode(output[begin:min(end, begin + NAME_TOKENS)]))
         spelled = present & self._default_spelled
         return self._spelled(output, spelled, self._by_default) if spelled else None
@@ -147,7 +146,7 @@ class ToolCallDetector:
         beginning at one of the first `MAX_SPELLED_TRIES` positions of
         `candidates` in the output's first `HEAD` and last `TAIL` tokens."""
         tried = 0
-        for p in _positions(output, candidates):
+        for p in positions(output, candidates):
             for family, marker in self._spelled_at(output, p, families):
                 if family.first_only and p > 0:
                     continue
@@ -176,7 +175,7 @@ class ToolCallDetector:
         model's reasoning, right after its last `</think>` token."""
         begins = [0]
         if self._think_end is not None and self._think_end in output:
-            begins.append(_last_index(output, self._think_end, len(output)) + 1)
+            begins.append(last_index(output, self._think_end, len(output)) + 1)
         for begin in begins:
             found = pattern.match(self._decode(output[begin:begin + NAME_TOKENS]))
             if found:
@@ -224,34 +223,3 @@ class ToolCallDetector:
         except Exception:  # noqa: BLE001  (a tokenizer quirk must never fail a request)
             logger.debug("continuum: could not decode a finished output", exc_info=True)
             return ""
-
-
-def _near_end(output: list[int], token_id: int) -> int:
-    """A position of `token_id` (which the output holds): its first in the
-    last `TAIL` tokens, else its first (C-speed scans)."""
-    try:
-        return output.index(token_id, max(0, len(output) - TAIL))
-    except ValueError:
-        return output.index(token_id)
-
-
-def _last_index(output: list[int], token_id: int, before: int) -> int:
-    """The last position of `token_id` before `before`, else -1 (a C-speed scan)."""
-    if before <= 0:
-        return -1
-    try:
-        return before - 1 - output[before - 1::-1].index(token_id)
-    except ValueError:
-        return -1
-
-
-def _positions(output: list[int], wanted: set[int]):
-    """Positions of `wanted` tokens in the output's first `HEAD` and last
-    `TAIL` tokens, in order: bounded, and a region none of them is in is
-    passed at C speed."""
-    n = len(output)
-    for begin, end in ((0, min(HEAD, n)), (max(HEAD, n - TAIL), n)):
-        if begin < end and not wanted.isdisjoint(output[begin:end]):
-            for p in range(begin, end):
-                if output[p] in wanted:
-                    yield p
