@@ -32,7 +32,6 @@ import os
 import pathlib
 
 from vllm_continuum.tools.atomic_dir import replacing_dir
-from vllm_continuum.tools.tiny_model import chat_template
 from vllm_continuum.tools.tiny_model.chat_template import CHAT_TEMPLATE
 from vllm_continuum.tools.tiny_model.families import SERVED
 from vllm_continuum.tools.tiny_model.tokenizer import (
@@ -120,7 +119,7 @@ def build_tiny_model(
         if family:
             tokens, template = SERVED[family]
             tokenizer = build_tokenizer(tmp, SEED, MODEL_SPEC["max_position_embeddings"], tokens,
-                                        special=True, template=getattr(chat_template, template))
+                                        special=True, template=template)
         else:
             tokenizer = build_tokenizer(tmp, SEED, MODEL_SPEC["max_position_embeddings"])
         build_weights(tmp, tokenizer, SEED)

@@ -16,6 +16,8 @@ import json
 import pathlib
 from dataclasses import dataclass
 
+from vllm_continuum.tools.tiny_model.chat_template import KIMI_K2_TEMPLATE
+
 TOOL = "get_weather"
 
 
@@ -112,7 +114,7 @@ SAMPLES: dict[str, Sample] = {
 # tokens its tokenizer holds (special, as in the real one) and its chat template.
 SERVED: dict[str, tuple[tuple[str, ...], str]] = {
     "kimi_k2": ((*_KIMI, "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>",
-                 "<think>", "</think>"), "KIMI_K2_TEMPLATE"),
+                 "<think>", "</think>"), KIMI_K2_TEMPLATE),
 }
 
 
