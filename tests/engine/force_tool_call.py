@@ -1,12 +1,17 @@
 """Test-only server hook: the tiny random-weight model calls one of the client's tools.
 
 A random model calls no tool on its own and, asked for 32,000 tokens,
-writes them all. Loaded with `--middleware` in front of everything else on
-the real-client test server, this hook changes only the sampling side of a
-request: the first turn of a conversation is made to call a tool the client
-itself offered (`FORCED`, one without arguments where the client has one),
-later turns to answer in a few tokens. The client, its session spellings,
-its messages and its tools are passed on as it sent them.
+writes them all. Loaded as the last `--middleware` on the real-client test
+servers (so it is the outermost: the plugin's middleware sees the request as
+it leaves it), this hook changes only the sampling side of a request: the
+first turn of a conversation is made to call a tool the client itself offered
+(`FORCED`, one without arguments where the client has one: a forced
+`tool_choice`, as an agent forcing its next step sends it), later turns to
+answer in a few tokens. The client, its session spellings, its messages and
+its tools are passed on as it sent them. It adds no continuum hint: the
+scheduler and the plugin's middleware must recognise the call themselves.
+With `FORCE_TOOL_CALL_STEER=0` it only holds and records (a server whose
+model writes its calls itself, tests/engine/scripted_tool_calls.py).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ GATE_ENV = "FORCE_TOOL_CALL_GATE"
 GATE_TIMEOUT_S = 300.0
 # Each request's turn and usage, one JSON line (the clients show no usage).
 LOG_ENV = "FORCE_TOOL_CALL_LOG"
+STEER_ENV = "FORCE_TOOL_CALL_STEER"  # "0": hold and record only
 
 
 def _later_turn(path: str, body: dict) -> bool:
@@ -47,7 +53,6 @@ def steer(path: str, body: dict) -> dict:
         if not later and FORCED[path] in names:
             body["tool_choice"] = {"type": "function", "name": FORCED[path]}
             body["parallel_tool_calls"] = False
-            _declare(body, FORCED[path])
         elif later:
             body["tool_choice"] = "none"
     elif path == "/v1/messages":
@@ -56,25 +61,12 @@ def steer(path: str, body: dict) -> dict:
         if tools:
             body["tool_choice"] = ({"type": "none"} if later else
                                    {"type": "any", "disable_parallel_tool_use": True})
-            if not later:
-                _declare(body, "forced")
     elif path == "/v1/chat/completions":
         body["max_tokens"] = budget
         if tools:
             body["tool_choice"] = "none" if later else "required"
             body["parallel_tool_calls"] = False
-            if not later:
-                _declare(body, "forced")
     return body
-
-
-def _declare(body: dict, tool: str) -> None:
-    """Tell the scheduler the forced turn ends in a tool call (`continuum_tool`).
-    Guided decoding writes the call as the bare arguments (a named choice) or
-    spells `<tool_call>` out of ordinary tokens (the random model, on some
-    endpoints), so the tool-call token the scheduler looks for may be absent."""
-    xargs = body.get("vllm_xargs") if isinstance(body.get("vllm_xargs"), dict) else {}
-    body["vllm_xargs"] = {**xargs, "continuum_tool": tool}
 
 
 class ForceToolCall:
@@ -97,7 +89,8 @@ class ForceToolCall:
         try:
             body = json.loads(raw)
             later = _later_turn(path, body)
-            raw = json.dumps(steer(path, body)).encode()
+            if os.environ.get(STEER_ENV) != "0":
+                raw = json.dumps(steer(path, body)).encode()
         except (ValueError, AttributeError, TypeError):
             later = False
         if later:

@@ -45,6 +45,7 @@ REASONS = ("resumed", "expired", "pressure", "last_turn", "aborted", "reset", "r
 CORE_PANELS = {
     "Pinned KV blocks vs vLLM KV usage",
     "Pin outcomes by reason",
+    "Session turns: tool calls by format, answers",
     "Resume hit rate",
     "Reuse ratio of resumed turns",
     "TTL distribution",
@@ -139,6 +140,12 @@ class Prometheus:
         for outcome in ("pinned", "unpinned"):
             state[f"resume:{outcome}"] = self.value(
                 f'sum(continuum_resumes_total{{{sel},outcome="{outcome}"}})')
+        # Session turns: answers exist from start-up (at 0), calls once one was recognised.
+        state["turns:answer"] = self.value(
+            f'sum(continuum_session_turns_total{{{sel},outcome="answer",format="none"}})')
+        state["turns:hermes"] = self.value(
+            f'sum(continuum_session_turns_total{{{sel},outcome="tool_call",format="hermes"}}) '
+            "or vector(0)")
         for name in (
             "continuum_pins_total", "continuum_resume_prompt_tokens_total",
             "continuum_resume_cached_tokens_total", "continuum_invalid_hints_total",
@@ -224,6 +231,9 @@ def test_pause_scenario_moves_the_counters_it_should(servers, prometheus, job):
     d = delta(prometheus.state(job), before)
 
     assert d["continuum_pins_total"] == 1
+    # Its first turn's call was recognised in the output (Hermes' <tool_call>), its
+    # second turn answered.
+    assert (d["turns:hermes"], d["turns:answer"]) == (1, 1)
     assert {r: d[f"release:{r}"] for r in REASONS} == {r: int(r == "resumed") for r in REASONS}
     assert (d["resume:pinned"], d["resume:unpinned"]) == (1, 0)
     # The engine's figures are the ones the client saw in `usage`.

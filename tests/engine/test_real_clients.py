@@ -10,18 +10,28 @@ loopback-only network namespace (`scripts/test.sh` runs it under
 
 Both servers carry the test-only hook `force_tool_call.ForceToolCall`,
 which makes the random-weight model's first turn call one of the tools the
-client offered and holds the client's next turn while the test cycles the
-KV pool (the tool pause). The continuum server also runs the plugin's
-`ClientSessionMiddleware`. For each client: its session is recognised from
-its own spelling (`GET /continuum/pins` lists it, the metrics count the
-spelling), its tool-call turn is pinned, and its next turn finds every
-full block of that turn's prompt cached on continuum, not on stock.
+client offered (a forced `tool_choice`; it adds no continuum hint) and holds
+the client's next turn while the test cycles the KV pool (the tool pause).
+The continuum server also runs the plugin's `ClientSessionMiddleware`, inside
+the hook. For each client: its session is recognised from its own spelling
+(`GET /continuum/pins` lists it, the metrics count the spelling), its
+tool-call turn is pinned (recognised by the plugin itself: the call in the
+output, or the forced `tool_choice` the middleware reads), and its next turn
+finds every full block of that turn's prompt cached on continuum, not on stock.
+
+A third server serves the tiny model built as Kimi K2 (its tokens and chat
+template) with vLLM's `--tool-call-parser kimi_k2` and no continuum setting;
+a test-only logits processor (scripted_tool_calls.py) makes it write Kimi
+K2's own tool-call text. The OpenAI SDK and Codex receive `tool_calls` parsed
+by vLLM, run the tool and answer; the scheduler pins the call from Kimi's
+markers in the vocabulary, with no hint from any hook.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -33,6 +43,7 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import serving
+from tests.engine.scripted_tool_calls import ANSWER
 from tests.engine.test_client_sessions_live import pinned, sessions_counted
 from vllm_continuum.demos.pause_scenario import churn, filler_text
 from vllm_continuum.tools.local_server import flavour_server
@@ -42,6 +53,8 @@ CLAUDE = ROOT / ".clients/node_modules/@anthropic-ai/claude-code-linux-x64/claud
 CODEX = ROOT / ".clients/node_modules/.bin/codex"
 LITELLM_PYTHON = ROOT / ".venv-clients/bin/python"
 BLOCK, NUM_BLOCKS = 32, 1400  # Claude Code's first prompt is about 36,000 tokens
+PLUGIN = ["--middleware", "vllm_continuum.frontend.middleware.ClientSessionMiddleware",
+          "--middleware", "vllm_continuum.cluster.pins_endpoint.PinsEndpoint"]
 TASK = "List the files in this directory and say what the project does."
 
 
@@ -58,12 +71,13 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def real_servers(tiny_model_dir, tmp_path_factory):
-    """Stock and continuum, both with the test hook, long context, one pool size."""
+def real_servers(tiny_model_dir, kimi_model_dir, tmp_path_factory):
+    """Stock and continuum, both with the test hook, long context, one pool size;
+    and continuum serving the Kimi K2 tiny model (its own parser, no setting)."""
     work = tmp_path_factory.mktemp("real-clients")
+    # The last --middleware is the outermost: the hook forces the tool choice
+    # before the plugin's middleware reads the request.
     hook = ["--middleware", "tests.engine.force_tool_call.ForceToolCall"]
-    plugin = ["--middleware", "vllm_continuum.frontend.middleware.ClientSessionMiddleware",
-              "--middleware", "vllm_continuum.cluster.pins_endpoint.PinsEndpoint"]
     servers = {}
     for flavour in ("stock", "continuum"):
         env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
@@ -72,8 +86,17 @@ def real_servers(tiny_model_dir, tmp_path_factory):
         servers[flavour] = flavour_server(
             flavour, tiny_model_dir, work, num_blocks=NUM_BLOCKS, env=env,
             settings={"max_ttl_s": 300, "log_level": "DEBUG"} if flavour == "continuum" else None,
-            extra_args=[*hook, *(plugin if flavour == "continuum" else ()),
+            extra_args=[*(PLUGIN if flavour == "continuum" else ()), *hook,
                         "--max-model-len", str((NUM_BLOCKS - 1) * BLOCK)])
+    env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "FORCE_TOOL_CALL_STEER": "0",
+           "FORCE_TOOL_CALL_GATE": str(work / "gate-kimi"),
+           "FORCE_TOOL_CALL_LOG": str(work / "usage-kimi.jsonl")}
+    servers["kimi"] = flavour_server(
+        "continuum", kimi_model_dir, work / "kimi", num_blocks=NUM_BLOCKS, env=env,
+        settings={"max_ttl_s": 300, "log_level": "DEBUG"},
+        extra_args=["--tool-call-parser", "kimi_k2", "--logits-processors",
+                    "tests.engine.scripted_tool_calls:ScriptedToolCalls", *PLUGIN, *hook,
+                    "--max-model-len", str((NUM_BLOCKS - 1) * BLOCK)])
     with serving(servers):
         yield servers
 
@@ -148,10 +171,8 @@ def run_client(server, flavour, source, *, seed, command, cwd, env):
     check(flavour, server, source, session, first, resumed)
 
 
-@pytest.mark.skipif(not CODEX.exists(), reason="Codex CLI not installed (scripts/setup.sh)")
-@pytest.mark.parametrize("flavour", ["continuum", "stock"])
-def test_codex_exec(real_servers, flavour, tmp_path):
-    server = real_servers[flavour]
+def codex(server, tmp_path) -> dict:
+    """`codex exec` against `server`, in a throwaway home: run_client's arguments."""
     home, work = scratch(tmp_path)
     codex_home = home / ".codex"
     codex_home.mkdir()
@@ -159,10 +180,17 @@ def test_codex_exec(real_servers, flavour, tmp_path):
         'model = "tiny"\nmodel_provider = "local"\ncheck_for_update_on_startup = false\n\n'
         f'[model_providers.local]\nname = "local"\nbase_url = "{server.base_url}/v1"\n'
         'wire_api = "responses"\nenv_key = "LOCAL_API_KEY"\n\n[analytics]\nenabled = false\n')
-    run_client(server, flavour, "header:session-id", seed=3, cwd=work,
-               command=[str(CODEX), "exec", "--skip-git-repo-check", "--sandbox", "read-only", TASK],
-               env={"PATH": os.environ["PATH"], "HOME": str(home),
-                    "CODEX_HOME": str(codex_home), "LOCAL_API_KEY": "dummy"})
+    return dict(cwd=work, command=[str(CODEX), "exec", "--skip-git-repo-check", "--sandbox",
+                                   "read-only", TASK],
+                env={"PATH": os.environ["PATH"], "HOME": str(home),
+                     "CODEX_HOME": str(codex_home), "LOCAL_API_KEY": "dummy"})
+
+
+@pytest.mark.skipif(not CODEX.exists(), reason="Codex CLI not installed (scripts/setup.sh)")
+@pytest.mark.parametrize("flavour", ["continuum", "stock"])
+def test_codex_exec(real_servers, flavour, tmp_path):
+    server = real_servers[flavour]
+    run_client(server, flavour, "header:session-id", seed=3, **codex(server, tmp_path))
 
 
 @pytest.mark.skipif(not CLAUDE.exists(), reason="Claude Code not installed (scripts/setup.sh)")
@@ -209,3 +237,50 @@ def test_litellm_hosted_vllm(real_servers, flavour, tmp_path):
     turns = [json.loads(line) for line in output.splitlines() if line.startswith('{"turn"')]
     assert turns[0]["tool"] == "get_weather"
     check(flavour, server, "body:prompt_cache_key", session, turns[0], turns[1])
+
+
+# --- Kimi K2: its own tool-call format, through vLLM's kimi_k2 parser ----------
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+def turns_counted(base_url: str, call_format: str) -> float:
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    found = re.search(r'^continuum_session_turns_total\{[^}]*format="%s"[^}]*outcome="tool_call"'
+                      r'[^}]*\} (\S+)$' % re.escape(call_format), text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_kimi_k2_calls_reach_the_openai_sdk_are_pinned_and_resumed(real_servers):
+    import random
+
+    server = real_servers["kimi"]
+    client = OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", timeout=300, max_retries=0)
+    session = f"kimi-{uuid.uuid4()}"
+    messages = [{"role": "user", "content": filler_text(random.Random(6), 300) + "\nWeather in Paris?"}]
+    first = client.chat.completions.create(model="tiny", messages=messages, tools=WEATHER,
+                                           max_tokens=64, extra_headers={"X-Session-ID": session})
+    calls = first.choices[0].message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})]
+    assert pinned(server.base_url, session)["blocks"] >= first.usage.prompt_tokens // BLOCK
+    assert turns_counted(server.base_url, "kimi_k2") >= 1
+    cycle_pool(server.base_url, seed=6)
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": calls[0].id, "content": "Sunny, 21 C."}]
+    second = client.chat.completions.create(model="tiny", messages=messages, tools=WEATHER,
+                                            max_tokens=64, extra_headers={"X-Session-ID": session})
+    assert second.choices[0].message.content == ANSWER and not second.choices[0].message.tool_calls
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens // BLOCK * BLOCK, (first.usage, second.usage)
+
+
+@pytest.mark.skipif(not CODEX.exists(), reason="Codex CLI not installed (scripts/setup.sh)")
+def test_kimi_k2_codex_exec(real_servers, tmp_path):
+    server = real_servers["kimi"]
+    before = turns_counted(server.base_url, "kimi_k2")
+    run_client(server, "continuum", "header:session-id", seed=7, **codex(server, tmp_path))
+    assert turns_counted(server.base_url, "kimi_k2") > before

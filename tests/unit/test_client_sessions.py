@@ -314,9 +314,9 @@ def test_middleware_passes_a_request_on_when_its_settings_fail():
 # --- text-mode agents: mini-swe-agent's fenced command is a tool call by default ---
 
 def test_mini_swe_agent_text_mode_is_a_tool_call_by_default():
-    from vllm_continuum.core.tool_calls import ToolCallReader
+    from vllm_continuum.core.tool_calls import TextPatterns
 
-    reader = ToolCallReader(ContinuumConfig().tool_call_patterns)
+    reader = TextPatterns(ContinuumConfig().all_tool_call_patterns)
     reply = ("THOUGHT: I need to see the files first.\n\n"
              "```mswea_bash_command\ncd /testbed && ls -la\n```")
     assert reader.match(reply) == "cd"

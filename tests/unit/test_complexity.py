@@ -9,6 +9,7 @@ from collections import Counter
 from tests.unit.test_controller import Ledger, Req, controller, run
 from vllm_continuum.core.pin_table import Anchor
 from vllm_continuum.core.programs import Program, ProgramTable
+from vllm_continuum.core.tool_calls import ToolCall
 from vllm_continuum.core.waiting_queue import LaneQueue
 
 
@@ -41,7 +42,7 @@ def test_one_session_with_thousands_of_queued_turns_costs_linear(monkeypatch):
         r = queue.pop_request()
         ledger.take_back(r.blocks)
         c.after_step([(r, 0)])
-        assert c.on_finished(r, aborted=False, tool_called=lambda: "t")
+        assert c.on_finished(r, aborted=False, tool_called=lambda _: ToolCall("t", "hermes"))
     assert len(c.pins) == n
     assert calls["_insert"] <= 2 * n and calls["continued_by"] <= 10 * n, calls
 

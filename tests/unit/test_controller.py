@@ -16,6 +16,7 @@ import pytest
 
 from vllm_continuum.config import load_config
 from vllm_continuum.core.controller import PinController
+from vllm_continuum.core.tool_calls import ToolCall
 from vllm_continuum.core.waiting_queue import PINNED, REGULAR
 from vllm_continuum.metrics.stats import ContinuumStats
 
@@ -99,7 +100,7 @@ def run(c: PinController, ledger: Ledger, req: Req, tool: str | None = "search")
     """A request arrives, holds its blocks while it runs, finishes; True if pinned."""
     c.on_arrival(req, None)
     ledger.take_back(req.blocks)
-    pinned = c.on_finished(req, aborted=False, tool_called=lambda: tool)
+    pinned = c.on_finished(req, aborted=False, tool_called=lambda _: tool and ToolCall(tool, "hermes"))
     if not pinned:
         ledger.give_back(req.blocks, 0)
     return pinned
@@ -136,7 +137,7 @@ def test_a_stranger_with_the_session_id_neither_ends_nor_releases_the_program():
     c, ledger, _ = controller()
     run(c, ledger, Req("a1", "A", [1, 2, 3]))
     c.on_arrival(Req("s1", "A", [5, 6]), {"continuum_last_turn": True})
-    c.on_finished(Req("s1", "A", [5, 6]), aborted=True, tool_called=lambda: None)
+    c.on_finished(Req("s1", "A", [5, 6]), aborted=True, tool_called=lambda _: None)
     pin = c.pins.get("A")
     assert pin is not None and pin.program in c.programs  # A's program lives on
     assert len(c.workload.programs) == 1  # the stranger ended its own one-turn program
@@ -157,7 +158,7 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
         for i in range(100):
             flood = Req(f"f{i}", f"flood-{i}", [1000 + i], num_output_tokens=0)
             c.on_arrival(flood, None)
-            c.on_finished(flood, aborted=True, tool_called=lambda: None)
+            c.on_finished(flood, aborted=True, tool_called=lambda _: None)
     elif forgotten_by == "idle horizon":  # shorter than the pin's TTL
         c.on_arrival(Req("b1", "B", [50]), None)  # any arrival runs the idle check
     else:
@@ -166,7 +167,7 @@ def test_only_a_request_continuing_a_pin_ends_or_releases_it(forgotten_by):
     stranger = Req("s1", "A", [5, 6])
     c.on_arrival(stranger, {"continuum_last_turn": True})
     assert c.queue.lane_of(stranger) == REGULAR and c.queue.place(stranger) == 3.0
-    c.on_finished(stranger, aborted=False, tool_called=lambda: None)
+    c.on_finished(stranger, aborted=False, tool_called=lambda _: None)
     pin = c.pins.get("A")
     assert pin is not None and len(c.workload.programs) == 1, "a stranger released the pin"
     assert pin.program.turns == 1, "a stranger ended A's program"  # (the one ended was its own)
@@ -185,7 +186,7 @@ def test_a_last_turn_releases_the_pins_it_continues():
     last = Req("a2", "A", [1, 2, 3, 4])
     c.on_arrival(last, {"continuum_last_turn": True})
     ledger.take_back(last.blocks)
-    assert not c.on_finished(last, aborted=False, tool_called=lambda: None)
+    assert not c.on_finished(last, aborted=False, tool_called=lambda _: None)
     assert not c.pins and c.stats.releases_by_reason == {"last_turn": 1}
     assert len(c.workload.programs) == 1  # the program ended, with its two turns
 
@@ -208,7 +209,7 @@ def test_the_cap_releases_later_programs_only_if_the_new_pin_then_fits():
     run(c, ledger, Req("c1", "C", [3, 4]))
     # A arrived first: its 3-block pin fits under 5 once one later pin goes.
     ledger.take_back(a1.blocks)
-    assert c.on_finished(a1, aborted=False, tool_called=lambda: "search")
+    assert c.on_finished(a1, aborted=False, tool_called=lambda _: ToolCall("search", "hermes"))
     assert {p.session_id for p in c.pins} == {"A", "B"}  # C, the latest, went
     assert c.stats.releases_by_reason == {"pressure": 1}
     # D arrived last: nothing may go for it, so it is refused and nothing is released.
@@ -462,14 +463,14 @@ def test_a_program_is_served_what_it_prefilled_beyond_its_hit_and_decoded():
     c.on_arrival(first, None)
     ledger.take_back(first.blocks)
     c.after_step([(first, 0)])
-    c.on_finished(first, aborted=False, tool_called=lambda: "t")
+    c.on_finished(first, aborted=False, tool_called=lambda _: ToolCall("t", "hint"))
     program = c.pins.get("A").program
     assert program.service == 3 * BLOCK + 5
     nxt = Req("a2", "A", [1, 2, 3, 4], num_output_tokens=2)
     c.on_arrival(nxt, None)
     ledger.take_back(nxt.blocks)
     c.after_step([(nxt, 3 * BLOCK)])  # its first 3 blocks were cached (the pin)
-    c.on_finished(nxt, aborted=False, tool_called=lambda: None)
+    c.on_finished(nxt, aborted=False, tool_called=lambda _: None)
     assert program.service == 3 * BLOCK + 5 + BLOCK + 2
 
 

@@ -64,8 +64,9 @@ ALLOWED = {
     "adapter": ("vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.adapter",
                 "vllm_continuum.metrics"),
     "metrics": ("vllm_continuum.metrics", "vllm_continuum.core"),
-    # The API server's middleware: the hint names and the settings only.
-    "frontend": ("vllm_continuum.frontend", "vllm_continuum.config", "vllm_continuum.core.hints"),
+    # The API server's middleware: the hint names, the tool parsers' names and the settings only.
+    "frontend": ("vllm_continuum.frontend", "vllm_continuum.config", "vllm_continuum.core.hints",
+                 "vllm_continuum.core.tool_calls"),
     # live/ reads a server's /metrics by the names the collector exports (constants only).
     "continuum_lab/live": ("continuum_lab.live", "continuum_lab.",
                            "vllm_continuum.core", "vllm_continuum.config", "vllm_continuum.tools",

@@ -467,3 +467,20 @@ def test_per_tool_outcomes_waste_and_revisits_on_the_scrape(metrics_dir, clock):
     assert s[(revisits, (("decision", "held"), ("tool", "t1")))] == 2
     tools = {dict(labels).get("tool") for name, labels in s if name == outcomes}
     assert len(tools) <= MAX_TOOL_LABELS + 1
+
+
+def test_session_turns_by_outcome_and_format_on_the_scrape(metrics_dir, clock):
+    """Answers exist from start-up at 0 (a server whose agents never pin shows
+    why); tool calls by the format they were recognised in, summed over engines."""
+    turns = "continuum_session_turns_total"
+    e = Engine(clock)
+    e.publish(idle=True)
+    s = scrape(collector_at(clock, metrics_dir))
+    assert s[(turns, (("format", "none"), ("outcome", "answer")))] == 0
+    for call_format in ("kimi_k2", "kimi_k2", "forced", None):
+        e.stats.on_turn_outcome(call_format)
+    e.publish(idle=True)
+    s = scrape(collector_at(clock, metrics_dir))
+    assert s[(turns, (("format", "kimi_k2"), ("outcome", "tool_call")))] == 2
+    assert s[(turns, (("format", "forced"), ("outcome", "tool_call")))] == 1
+    assert s[(turns, (("format", "none"), ("outcome", "answer")))] == 1

@@ -16,6 +16,7 @@ from vllm_continuum.core.durations import ToolDurations
 from vllm_continuum.core.pin_value import PoolState, marginal_blocks, pin_pressure
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.shrinkage import MixedCDF, shrunk_cdf, shrunk_mean
+from vllm_continuum.core.tool_calls import ToolCall
 from vllm_continuum.core.ttl import ContinuumTTLPolicy, TurnEnd, make_ttl_policy, optimal_ttl
 from vllm_continuum.core.workload import WorkloadModel
 from vllm_continuum.metrics.stats import ContinuumStats
@@ -202,7 +203,7 @@ def test_a_pin_of_blocks_others_already_hold_costs_nothing():
     ledger.take_back([1, 2])  # a running request of B holds A's first blocks...
     b = Req("b1", "B", [1, 2])
     c.on_arrival(b, None)
-    assert c.on_finished(b, aborted=False, tool_called=lambda: "t")
+    assert c.on_finished(b, aborted=False, tool_called=lambda _: ToolCall("t", "hermes"))
     assert c.pins.get("B").ttl_s == 8.0  # ...so its pin adds no block
 
 

@@ -16,7 +16,6 @@ from vllm_continuum.core.hints import NO_HINTS, parse_hints
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable
 from vllm_continuum.core.pressure import PressureRule, blocks_freed, pins_to_release
 from vllm_continuum.core.programs import ProgramTable
-from vllm_continuum.core.tool_calls import tool_name_from_text
 from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
 from vllm_continuum.core.waiting_bound import WaitingBound
 from vllm_continuum.core.waiting_queue import (
@@ -430,19 +429,6 @@ def test_an_idle_program_keeps_its_place_for_its_next_turn():
     again, continues, measured = _arrive(table, "a", 900.0, ["a1", "a2"])
     assert again is a and continues and a.arrival == 0.0 and measured == ("approval", 899.0)
     assert table.pop_idle(now=901.0, horizon_s=600) == []
-
-
-@pytest.mark.parametrize(
-    "text, name",
-    [
-        ('\n{"name": "web_search", "arguments": {"q": 1}}', "web_search"),
-        ('{ "name" :"calc"}', "calc"),
-        ("garbage", "unknown"),
-        ('{"name": ""}', "unknown"),
-    ],
-)
-def test_tool_name_from_text(text, name):
-    assert tool_name_from_text(text) == name
 
 
 def test_a_prompt_anchors_all_but_its_last_full_block():

@@ -38,14 +38,16 @@ from vllm_continuum.adapter.block_ledger import VllmBlockLedger
 from vllm_continuum.adapter.compat import check_vllm_version
 from vllm_continuum.config import ContinuumConfig, config_from_vllm
 from vllm_continuum.core.affinity import AffinityMonitor
-from vllm_continuum.core.controller import PinController
+from vllm_continuum.core.controller import PinController, ToolCallReader
 from vllm_continuum.core.program_order import ProgramOrder
-from vllm_continuum.core.tool_calls import ToolCallDetector, vocab_token_id
+from vllm_continuum.core.tool_calls import ToolCallDetector, describe, vocab_token_id
+from vllm_continuum.core.tool_calls.forced import is_required_schema
 from vllm_continuum.core.ttl import make_ttl_policy
 from vllm_continuum.core.waiting_queue import LaneQueue
 from vllm_continuum.metrics.stats import ContinuumStats
 
 logger = init_logger("vllm.continuum")
+HERMES_CALL = "<tool_call>"  # the call token the affinity monitor counts (core/affinity.py)
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)  # an allocation of theirs admits them
 
 
@@ -78,7 +80,9 @@ class ContinuumSchedulerMixin:
         cfg = continuum_config or config_from_vllm(self.vllm_config)
         _set_log_level(cfg.log_level)
         tokenizer = getattr(self.structured_output_manager, "tokenizer", None)
-        self._tool_calls = ToolCallDetector(tokenizer, cfg.tool_call_token, cfg.tool_call_patterns)
+        self._tool_calls = ToolCallDetector(
+            tokenizer, parser=cfg.tool_call_parser, tokens=cfg.all_tool_call_tokens,
+            patterns=cfg.all_tool_call_patterns)
         self._ledger = VllmBlockLedger(self)
         pinning = bool(self.cache_config.enable_prefix_caching)
         self._stats = continuum_stats if continuum_stats is not None else ContinuumStats()
@@ -101,7 +105,7 @@ class ContinuumSchedulerMixin:
         )
         self._affinity = AffinityMonitor(
             vocab_token_id(tokenizer, cfg.tool_result_token),
-            vocab_token_id(tokenizer, cfg.tool_call_token),
+            vocab_token_id(tokenizer, HERMES_CALL),
             on_miss=self._stats.on_affinity_miss,
             max_sessions=cfg.max_tracked_sessions,
         )
@@ -123,10 +127,8 @@ class ContinuumSchedulerMixin:
             self.waiting = self.continuum.lane_queue(ContinuumWaitingQueue)
         self._stock_allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_slots_or_release_pins
-        logger.info(
-            "vllm-continuum scheduler %s: %s; tool-call token id=%s",
-            type(self).__name__, cfg.summary(), self._tool_calls.token_id,
-        )
+        logger.info("vllm-continuum scheduler %s: %s", type(self).__name__, cfg.summary())
+        logger.log(*describe(self._tool_calls))
 
     # ------------------------------------------------------------------ hooks
     def add_request(self, request: Request) -> None:
@@ -196,11 +198,15 @@ class ContinuumSchedulerMixin:
             return  # the pin now holds the request's blocks
         super()._free_request_blocks(request)
 
-    def _finish_of(self, request: Request) -> tuple[bool, Callable[[], str | None]]:
-        """(aborted?, a reader of the tool it called) of a finished request."""
+    def _finish_of(self, request: Request) -> tuple[bool, ToolCallReader]:
+        """(aborted?, a reader of the call it made) of a finished request: its
+        output, read as its hints say (its parser; whether the call was
+        forced, also as vLLM's `required` JSON schema shows it)."""
         return (
             request.status == RequestStatus.FINISHED_ABORTED,
-            lambda: self._tool_calls.tool_called(request.output_token_ids),
+            lambda hints: self._tool_calls.tool_called(
+                request.output_token_ids, hints.tool_parser,
+                forced=hints.tool_forced or is_required_schema(_guided_json(request))),
         )
 
     def reset_prefix_cache(self, *args, **kwargs) -> bool:
@@ -277,6 +283,12 @@ class ContinuumSchedulerMixin:
     def _requeue(self, request: Request) -> None:
         if isinstance(self.waiting, LaneQueue):
             self.waiting.requeue(request)
+
+
+def _guided_json(request: Request) -> object:
+    """The request's guided-JSON schema, if any (core/tool_calls/forced.py)."""
+    guided = getattr(request.sampling_params, "structured_outputs", None)
+    return getattr(guided, "json", None)
 
 
 def _set_log_level(level: str | None) -> None:

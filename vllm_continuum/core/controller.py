@@ -44,6 +44,7 @@ from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.programs import Program, ProgramTable
 from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.sessions import session_key
+from vllm_continuum.core.tool_calls import ToolCall
 from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, make_ttl_policy
 from vllm_continuum.core.turn import Turn, TurnRequest
 from vllm_continuum.core.waiting_queue import LaneQueue
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.continuum")
 T = TypeVar("T")
+ToolCallReader = Callable[[Hints], ToolCall | None]  # the call a finished output makes
 
 
 class PinEvents(PinMakerEvents, ReleaseEvents, Protocol):
@@ -62,6 +64,7 @@ class PinEvents(PinMakerEvents, ReleaseEvents, Protocol):
 
     def on_resume(self, had_pin: bool, prompt_tokens: int, cached_tokens: int) -> None: ...
     def on_invalid_hints(self, count: int) -> None: ...
+    def on_turn_outcome(self, call_format: str | None) -> None: ...
     def on_tool_duration(self, tool: str, seconds: float) -> None: ...
     def on_ttl_revisit(self, tool: str, more_s: float) -> None: ...
     def on_blocks_short(self) -> None: ...
@@ -302,7 +305,7 @@ class PinController:
 
     # ---------------------------------------------------------- finish side
     def on_finished(
-        self, request: TurnRequest, aborted: bool, tool_called: Callable[[], str | None]
+        self, request: TurnRequest, aborted: bool, tool_called: ToolCallReader
     ) -> bool:
         """A finished request whose blocks are freed at once: `on_turn_end`
         then `on_blocks_freed`. True if a pin now holds its blocks."""
@@ -310,11 +313,11 @@ class PinController:
         return self.on_blocks_freed(request, aborted, tool_called)
 
     def on_turn_end(
-        self, request: TurnRequest, aborted: bool, tool_called: Callable[[], str | None]
+        self, request: TurnRequest, aborted: bool, tool_called: ToolCallReader
     ) -> None:
         """A request finished: its turn ends now (the tool starts), even if a KV
         connector keeps its blocks a while longer (it sends them first).
-        `tool_called` reads the tool from its output."""
+        `tool_called(hints)` reads the call from its output."""
         turn = self.turns.pop(request.request_id, None)
         if turn is None:
             return  # never seen arriving: nothing of ours
@@ -328,7 +331,9 @@ class PinController:
         tool = None
         program.service += max(0, request.num_prompt_tokens - turn.cached) + request.num_output_tokens
         if request.num_output_tokens:
-            tool = hints.tool or tool_called()
+            call = ToolCall(hints.tool, "hint") if hints.tool else tool_called(hints)
+            self.stats.on_turn_outcome(call.format if call else None)
+            tool = call.name if call else None
             anchor = Anchor.of_prompt(hashes, request.num_prompt_tokens // self.hash_block_size)
             now = self.now()
             self.programs.turn_ended(program, now, tool, anchor)
@@ -354,7 +359,7 @@ class PinController:
             self._pending_of.setdefault(turn.session, {})[request.request_id] = pending
 
     def on_blocks_freed(
-        self, request: TurnRequest, aborted: bool, tool_called: Callable[[], str | None]
+        self, request: TurnRequest, aborted: bool, tool_called: ToolCallReader
     ) -> bool:
         """A finished request's blocks are being freed: True if a pin now holds
         them (the adapter must not free them)."""

@@ -11,9 +11,18 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vllm_continuum.core.tool_calls.families import PARSERS
+
 TOOL_KEY = "continuum_tool"
 TTL_KEY = "continuum_ttl_s"
 LAST_TURN_KEY = "continuum_last_turn"
+# What the middleware knows of a request's tool call: the server's own
+# --tool-call-parser (text formats), and that the request forces a call
+# (`tool_choice: required`; a named tool comes as `continuum_tool`). Each
+# only changes how this request's own output is read.
+TOOL_PARSER_KEY = "continuum_tool_parser"
+TOOL_CHOICE_KEY = "continuum_tool_choice"
+FORCED = "required"
 # vLLM's own session id travels as the body's `session_id` or this header
 # (routers hash the header to keep a session's turns on one instance).
 SESSION_HEADER = "X-Session-ID"
@@ -24,6 +33,8 @@ class Hints:
     tool: str | None = None
     ttl_s: float | None = None
     last_turn: bool = False
+    tool_parser: str | None = None  # a vLLM tool parser's name (core/tool_calls/families.py)
+    tool_forced: bool = False  # the request forces a tool call
     invalid: tuple[str, ...] = field(default=())
 
 
@@ -58,9 +69,20 @@ def parse_hints(extra_args: Mapping[str, object] | None, max_tool_name_length: i
         else:
             invalid.append(LAST_TURN_KEY)
 
-    if tool is None and ttl is None and not last_turn and not invalid:
+    parser = extra_args.get(TOOL_PARSER_KEY)
+    if parser is not None and not (isinstance(parser, str) and parser in PARSERS):
+        invalid.append(TOOL_PARSER_KEY)
+        parser = None
+
+    choice = extra_args.get(TOOL_CHOICE_KEY)
+    if choice is not None and choice != FORCED:
+        invalid.append(TOOL_CHOICE_KEY)
+
+    forced = choice == FORCED
+    if tool is None and ttl is None and not last_turn and parser is None and not forced and not invalid:
         return NO_HINTS
-    return Hints(tool=tool, ttl_s=ttl, last_turn=last_turn, invalid=tuple(invalid))
+    return Hints(tool=tool, ttl_s=ttl, last_turn=last_turn, tool_parser=parser, tool_forced=forced,
+                 invalid=tuple(invalid))
 
 
 def _as_ttl(value: object) -> float | None:

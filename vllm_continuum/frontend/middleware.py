@@ -10,13 +10,17 @@ passes the request on with, at most:
 - an `X-Session-ID` header carrying the client's session (only when the
   request has no vLLM session id of its own: vLLM's spellings keep first
   place), which vLLM puts on `Request.session_id`;
-- `continuum_ttl_s` / `continuum_last_turn` added to the body's `vllm_xargs`.
+- `continuum_ttl_s` / `continuum_last_turn` added to the body's `vllm_xargs`,
+  and what the request says of its tool call (tool_hints.py): a forced call
+  (`continuum_tool`, `continuum_tool_choice`) and the server's own
+  `--tool-call-parser` (`continuum_tool_parser`, read from `app.state.args`).
 
 Every other request, and any request it cannot read, is passed on as it
 came (logged once, never failed). vLLM builds the app, and so this
 middleware, in every API-server process, so `--api-server-count > 1` needs
 nothing more. Its settings are `client_session_sources` and `client_ttls`
-in `--additional-config`'s `continuum` section, read on the first request.
+in `--additional-config`'s `continuum` section, read on the first request
+with the server's arguments.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ logger = logging.getLogger("vllm.continuum.frontend")
 
 
 class ClientSessionMiddleware:
-    def __init__(self, app, settings=None) -> None:
+    def __init__(self, app, settings=None, tool_parser: str | None = None) -> None:
         self.app = app
         self._settings = settings  # a ContinuumConfig; None: read from vLLM's on first use
+        self._tool_parser = tool_parser  # the server's --tool-call-parser, if known to us
 
     async def __call__(self, scope, receive, send):
         if (scope.get("type") != "http" or scope.get("method") != "POST"
@@ -55,7 +60,7 @@ class ClientSessionMiddleware:
             settings = self._settings or self._load_settings(scope)
             headers = _headers(scope)
             return plan_request(headers, body, settings.client_session_sources,
-                                settings.client_ttls)
+                                settings.client_ttls, self._tool_parser)
         except Exception as exc:  # noqa: BLE001  (the request goes on unchanged)
             report.failed(exc)
             return NOTHING
@@ -63,12 +68,13 @@ class ClientSessionMiddleware:
     def _load_settings(self, scope):
         from vllm_continuum.config import ContinuumConfig, config_from_vllm
 
-        vllm_config = getattr(getattr(scope.get("app"), "state", None), "vllm_config", None)
+        state = getattr(scope.get("app"), "state", None)
         try:
-            self._settings = config_from_vllm(vllm_config)
+            self._settings = config_from_vllm(getattr(state, "vllm_config", None))
         except Exception as exc:  # noqa: BLE001
             logger.warning("continuum: client sessions use the default settings (%s)", exc)
             self._settings = ContinuumConfig()
+        self._tool_parser = report.server_tool_parser(getattr(state, "args", None))
         return self._settings
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 
+from vllm_continuum.frontend.tool_hints import known_parser
+
 logger = logging.getLogger("vllm.continuum.frontend")
 
 SESSIONS = "continuum_client_sessions"
@@ -53,6 +55,24 @@ def hint_invalid(field: str) -> None:
     _once("invalid", field, logging.WARNING,
           "continuum: ignoring an invalid %s in a request (served as if absent; counted in "
           "continuum_client_hints_invalid_total)")
+
+
+def server_tool_parser(args) -> str | None:
+    """The server's `--tool-call-parser`, if the scheduler reads its format
+    (passed on per request); logged once either way."""
+    name = getattr(args, "tool_call_parser", None)
+    if name is None:
+        return None
+    known = known_parser(name)
+    if known:
+        logger.info("continuum: passing the server's --tool-call-parser %s to the scheduler with "
+                    "each request that offers tools", known)
+    else:
+        logger.warning(
+            "continuum: --tool-call-parser %s: the scheduler does not read this format; its "
+            "tool-call turns are pinned only by tool_call_tokens or tool_call_patterns, forced "
+            "calls and the continuum_tool hint", name)
+    return known
 
 
 def failed(exc: BaseException) -> None:

@@ -36,6 +36,7 @@ from vllm_continuum.metrics.snapshot import (
     BUCKETS,
     ENV_DIR,
     EXPIRY_GRACE_S,
+    NO_CALL,
     Histogram,
     monotonic,
     read_snapshots,
@@ -61,6 +62,8 @@ class Totals:
         self.resume_prompt_tokens = 0
         self.resume_cached_tokens = 0
         self.invalid_hints = 0
+        # Exist at zero from start-up: a server whose agents never pin shows it.
+        self.session_turns: Counter[tuple[str, str]] = Counter({("answer", NO_CALL): 0})
         self.pins_refused = 0
         self.block_shortages = 0
         self.affinity_misses = 0
@@ -82,6 +85,8 @@ class Totals:
         self.resume_prompt_tokens += int(snap.get("resume_prompt_tokens", 0))
         self.resume_cached_tokens += int(snap.get("resume_cached_tokens", 0))
         self.invalid_hints += int(snap.get("invalid_hints", 0))
+        for outcome, call_format, count in snap.get("session_turns", ()):
+            self.session_turns[(str(outcome), str(call_format))] += int(count)
         self.pins_refused += int(snap.get("pins_refused", 0))
         self.block_shortages += int(snap.get("block_shortages", 0))
         self.affinity_misses += int(snap.get("affinity_misses", 0))
@@ -199,19 +204,24 @@ class ContinuumCollector:
             "(memory a TTL spent for nothing), by tool.",
             "tool", totals.expired_block_seconds_by_tool,
         )
-        for name, doc, second, values in (
+        for name, doc, labels, values in (
             (names.TOOL_PIN_OUTCOMES,
              "Pins released, by tool and outcome: resumed (handed over to the next turn), "
              "expired (TTL passed first), other (pressure, last turn, abort, reset, replaced).",
-             "outcome", totals.pin_outcomes_by_tool),
+             ("tool", "outcome"), totals.pin_outcomes_by_tool),
             (names.TTL_REVISITS,
              "TTLs decided again when a revisable pin's TTL passed (ttl_policy: hazard), by tool "
              "and decision: held (a new TTL) or released.",
-             "decision", totals.ttl_revisits),
+             ("tool", "decision"), totals.ttl_revisits),
+            (names.SESSION_TURNS,
+             "Finished turns of sessions, by outcome: tool_call (pinned unless its TTL is 0), with "
+             "the format the call was recognised in (a family such as hermes or kimi_k2, a text "
+             "format, pattern, token, forced, hint), or answer (format none: not pinned).",
+             ("outcome", "format"), totals.session_turns),
         ):
-            family = CounterMetricFamily(name, doc, labels=["model_name", "tool", second])
-            for (tool, key), count in sorted(values.items()):
-                family.add_metric([model, tool, key], count)
+            family = CounterMetricFamily(name, doc, labels=["model_name", *labels])
+            for keys, count in sorted(values.items()):
+                family.add_metric([model, *keys], count)
             yield family
         yield by(
             names.RESUMES,

@@ -20,6 +20,7 @@ BLOCK_SHORTAGES = "continuum_block_shortages"
 TOOL_PIN_OUTCOMES = "continuum_tool_pin_outcomes"  # tool, outcome: resumed, expired, other
 EXPIRED_PIN_BLOCK_SECONDS = "continuum_expired_pin_block_seconds"  # tool
 TTL_REVISITS = "continuum_ttl_revisits"  # tool, decision: held, released
+SESSION_TURNS = "continuum_session_turns"  # outcome: tool_call, answer; format
 
 # Gauges
 PINNED_BLOCKS = "continuum_pinned_blocks"

@@ -51,6 +51,9 @@ EXPIRY_GRACE_S = 1.0
 PUBLISH_INTERVAL_S = 0.25
 PUBLISH_TIME_SHARE = 0.01
 
+# The format label of a session turn that called no tool (continuum_session_turns).
+NO_CALL = "none"
+
 # Tool names come from model output and client hints: bound the label set.
 MAX_TOOL_LABELS = 64
 OTHER_TOOL = "__other__"

@@ -26,6 +26,7 @@ from time import perf_counter
 from vllm_continuum.metrics.snapshot import (
     EXPIRY_GRACE_S,
     FORMAT,
+    NO_CALL,
     PUBLISH_INTERVAL_S,
     PUBLISH_TIME_SHARE,
     Histogram,
@@ -49,6 +50,10 @@ class ContinuumStats:
     resume_prompt_tokens: int = 0
     resume_cached_tokens: int = 0
     invalid_hints: int = 0
+    # Finished session turns, by (outcome, format): ("tool_call", how the call
+    # was recognised: a format of core/tool_calls, `pattern`, `forced`, `hint`)
+    # or ("answer", "none").
+    session_turns: Counter[tuple[str, str]] = field(default_factory=Counter)
     pins_refused_by_cap: int = 0
     # Allocations that failed for lack of free blocks, before any pin was
     # released: while one is recent the pool is contested (hazard prices pins).
@@ -142,6 +147,12 @@ class ContinuumStats:
         self.invalid_hints += count
         self._changes += 1
 
+    def on_turn_outcome(self, call_format: str | None) -> None:
+        """A session's turn finished, in a call recognised in `call_format`, or not (None)."""
+        outcome = ("tool_call", call_format) if call_format else ("answer", NO_CALL)
+        self.session_turns[outcome] += 1
+        self._changes += 1
+
     def on_ttl_decision(self, tool: str, ttl_s: float, source: str) -> None:
         self._keep(self.ttl_decisions, (tool, ttl_s, source))
         self.ttl_seconds.observe(self._tool_label(tool), max(0.0, ttl_s))
@@ -200,6 +211,7 @@ class ContinuumStats:
             "resume_prompt_tokens": self.resume_prompt_tokens,
             "resume_cached_tokens": self.resume_cached_tokens,
             "invalid_hints": self.invalid_hints,
+            "session_turns": [[o, f, n] for (o, f), n in self.session_turns.items()],
             "pins_refused": self.pins_refused_by_cap,
             "block_shortages": self.block_shortages,
             "pin_outcomes_by_tool": [[t, o, n] for (t, o), n in self.pin_outcomes_by_tool.items()],

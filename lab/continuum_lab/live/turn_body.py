@@ -9,7 +9,7 @@ with `max_tokens`, `min_tokens` and `ignore_eos`.
 vLLM's own `session_id` (and the `X-Session-ID` header, replay.py), and the
 server must see by itself that a turn ended in a tool call. It reads that
 from the finished output, as it would from a trained Hermes/Qwen model's
-(core/tool_calls.py): the single `<tool_call>` token, then
+(core/tool_calls/): the single `<tool_call>` token, then
 `{"name": "...`. The benchmark model has random weights, so the replay has
 the engine itself write the call, with vLLM's structured outputs: the turn
 is constrained to the regex of
@@ -39,14 +39,14 @@ import json
 import re
 from dataclasses import dataclass
 
-from vllm_continuum.config import ContinuumConfig
+from vllm_continuum.core.tool_calls.families import FAMILY
 from continuum_lab.trace_format import Turn, continuum_hints
 
 HINTS_ALL = "all"
 HINTS_NONE = "none"
 HINT_MODES = (HINTS_ALL, HINTS_NONE)
-# The token the server reads a tool call by, unless configured otherwise.
-TOOL_CALL_TOKEN = ContinuumConfig.model_fields["tool_call_token"].default
+# The token the server reads the tiny model's (Hermes) tool call by.
+TOOL_CALL_TOKEN = FAMILY["hermes"].starts[0]
 _CALL_END = "</tool_call>"
 _FORCE = 100.0  # logit_bias's bound in vLLM: a token the grammar allows is then taken
 

@@ -33,6 +33,7 @@ import pathlib
 
 from vllm_continuum.tools.atomic_dir import replacing_dir
 from vllm_continuum.tools.tiny_model.chat_template import CHAT_TEMPLATE
+from vllm_continuum.tools.tiny_model.families import SERVED
 from vllm_continuum.tools.tiny_model.tokenizer import (
     EOS_TOKEN,
     QWEN2_SPLIT,
@@ -60,9 +61,11 @@ REQUIRED_FILES = (
 )
 
 
-def _fingerprint() -> str:
+def _fingerprint(family: str | None = None) -> str:
+    served = {"family": family, "served": SERVED[family]} if family else {}
     blob = json.dumps(
         {
+            **served,
             "build_version": BUILD_VERSION,
             "seed": SEED,
             "model": MODEL_SPEC,
@@ -78,20 +81,24 @@ def _fingerprint() -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def is_complete(path: str | os.PathLike) -> bool:
+def is_complete(path: str | os.PathLike, family: str | None = None) -> bool:
     """True if ``path`` holds a complete model built with this fingerprint."""
     p = pathlib.Path(path)
     try:
         marker = json.loads((p / MARKER_FILE).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("fingerprint") == _fingerprint() and all(
+    return marker.get("fingerprint") == _fingerprint(family) and all(
         (p / f).is_file() for f in REQUIRED_FILES
     )
 
 
-def build_tiny_model(path: str | os.PathLike, *, force: bool = False) -> pathlib.Path:
+def build_tiny_model(
+    path: str | os.PathLike, *, force: bool = False, family: str | None = None
+) -> pathlib.Path:
     """Write the tiny model to ``path`` (a directory) and return it, resolved.
+    ``family``: a tool-call family of ``families.SERVED`` (Kimi K2) instead of
+    Hermes: its tokens and chat template, the same weights otherwise.
 
     Returns at once if ``path`` already holds a complete model of this build
     fingerprint, unless ``force``. The model is built in a temporary sibling
@@ -100,22 +107,29 @@ def build_tiny_model(path: str | os.PathLike, *, force: bool = False) -> pathlib
     not written by this function is never deleted: FileExistsError.
     """
     target = pathlib.Path(path).expanduser().resolve()
-    if not force and is_complete(target):
+    if not force and is_complete(target, family):
         return target
     if target.exists():
         if not target.is_dir():
             raise FileExistsError(f"{target} exists and is not a directory")
         if any(target.iterdir()) and not (target / MARKER_FILE).exists():
             raise FileExistsError(f"{target} is not empty and was not written by build_tiny_model")
-    with replacing_dir(target, is_complete=None if force else is_complete) as tmp:
-        tokenizer = build_tokenizer(tmp, SEED, MODEL_SPEC["max_position_embeddings"])
+    complete = None if force else (lambda p: is_complete(p, family))
+    with replacing_dir(target, is_complete=complete) as tmp:
+        if family:
+            tokens, template = SERVED[family]
+            tokenizer = build_tokenizer(tmp, SEED, MODEL_SPEC["max_position_embeddings"], tokens,
+                                        special=True, template=template)
+        else:
+            tokenizer = build_tokenizer(tmp, SEED, MODEL_SPEC["max_position_embeddings"])
         build_weights(tmp, tokenizer, SEED)
         marker = {
-            "fingerprint": _fingerprint(),
+            "fingerprint": _fingerprint(family),
             "build_version": BUILD_VERSION,
             "architecture": "Qwen2ForCausalLM",
             "vocab_size": len(tokenizer),
-            "tool_token_ids": {t: tokenizer.convert_tokens_to_ids(t) for t in TOOL_TOKENS},
+            "tool_token_ids": {t: tokenizer.convert_tokens_to_ids(t)
+                               for t in (SERVED[family][0] if family else TOOL_TOKENS)},
         }
         (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
         for f in tmp.iterdir():

@@ -71,3 +71,45 @@ CHAT_TEMPLATE = r"""{%- macro text(c) -%}
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
 """  # noqa: E501
+
+# Kimi K2's chat layout (moonshotai/Kimi-K2-Instruct's template, trimmed to
+# what the tiny model needs): tools declared up front, a role token and
+# <|im_middle|> per message, tool calls in the tool-calls section with their
+# ids (functions.NAME:IDX), tool results as "## Return of ID".
+KIMI_K2_TEMPLATE = r"""{%- macro text(c) -%}
+{%- if c is none -%}{%- elif c is string -%}{{- c -}}
+{%- else -%}{%- for part in c -%}{%- if part.text is defined -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
+{%- endif -%}
+{%- endmacro -%}
+{%- if tools -%}
+    {{- '<|im_system|>tool_declare<|im_middle|>' + (tools | tojson) + '<|im_end|>' -}}
+{%- endif -%}
+{%- if messages[0]['role'] != 'system' -%}
+    {{- '<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>' -}}
+{%- endif -%}
+{%- for message in messages -%}
+    {%- if message.role == 'system' -%}{{- '<|im_system|>system<|im_middle|>' -}}
+    {%- elif message.role == 'user' -%}{{- '<|im_user|>user<|im_middle|>' -}}
+    {%- elif message.role == 'assistant' -%}{{- '<|im_assistant|>assistant<|im_middle|>' -}}
+    {%- else -%}{{- '<|im_system|>tool<|im_middle|>' -}}
+    {%- endif -%}
+    {%- if message.role == 'assistant' and message.tool_calls -%}
+        {{- text(message.content) + '<|tool_calls_section_begin|>' -}}
+        {%- for tool_call in message.tool_calls -%}
+            {%- set arguments = tool_call.function.arguments -%}
+            {{- '<|tool_call_begin|>' + tool_call.id + '<|tool_call_argument_begin|>' -}}
+            {{- arguments if arguments is string else (arguments | tojson) -}}
+            {{- '<|tool_call_end|>' -}}
+        {%- endfor -%}
+        {{- '<|tool_calls_section_end|>' -}}
+    {%- elif message.role == 'tool' -%}
+        {{- '## Return of ' + (message.tool_call_id or '') + '\n' + text(message.content) -}}
+    {%- else -%}
+        {{- text(message.content) -}}
+    {%- endif -%}
+    {{- '<|im_end|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_assistant|>assistant<|im_middle|>' -}}
+{%- endif -%}
+"""  # noqa: E501

@@ -24,9 +24,13 @@ QWEN2_SPLIT = (
 )
 
 
-def build_tokenizer(out: pathlib.Path, seed: int, model_max_length: int) -> Any:
+def build_tokenizer(out: pathlib.Path, seed: int, model_max_length: int,
+                    tool_tokens: tuple[str, ...] = TOOL_TOKENS, special: bool = False,
+                    template: str = CHAT_TEMPLATE) -> Any:
     """Train the tokenizer on the seeded corpus and save it (with the chat
-    template) to ``out``; returns it as a transformers tokenizer."""
+    template) to ``out``; returns it as a transformers tokenizer. Another
+    family's model gives its own `tool_tokens` (`special` as its real
+    tokenizer has them) and chat template."""
     from tokenizers import (
         AddedToken,
         Regex,
@@ -52,14 +56,14 @@ def build_tokenizer(out: pathlib.Path, seed: int, model_max_length: int) -> Any:
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_SPEC["vocab_size"] - len(TOOL_TOKENS),
+        vocab_size=TOKENIZER_SPEC["vocab_size"] - len(TOOL_TOKENS),  # the same merges for all
         min_frequency=TOKENIZER_SPEC["min_frequency"],
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(training_corpus(TOKENIZER_SPEC["corpus_docs"], seed), trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=special, normalized=False) for t in tool_tokens])
 
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -68,6 +72,6 @@ def build_tokenizer(out: pathlib.Path, seed: int, model_max_length: int) -> Any:
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
     )
-    hf_tok.chat_template = CHAT_TEMPLATE
+    hf_tok.chat_template = template
     hf_tok.save_pretrained(out)
     return hf_tok
