@@ -66,7 +66,6 @@ def new_scheduler(
     sliding-window one of that many tokens sharing the pool. `kv_transfer_config`:
     vLLM's `KVTransferConfig` of a KV connector (the scheduler side only runs).
     `additional_config`: `--additional-config`'s object, as the server would pass it."""
-    import torch
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -106,7 +105,7 @@ def new_scheduler(
     # scheduler under test is the GPU's, which runs with it on (so that, e.g.,
     # a KV-consumer connector defers block frees as it does there).
     scheduler_config.async_scheduling = async_scheduling
-    shape = dict(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    shape = _kv_shape(block_size)
     groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(**shape))]
     if sliding_window is not None:
         swa = SlidingWindowSpec(sliding_window=sliding_window, **shape)
@@ -122,6 +121,21 @@ def new_scheduler(
         log_stats=log_stats,
         **scheduler_kwargs,
     )
+
+
+def _kv_shape(block_size: int) -> dict:
+    """The fake KV cache's one layer (no tensor is allocated)."""
+    import torch
+
+    return dict(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
+
+
+def page_size_bytes(block_size: int) -> int:
+    """Bytes of one block of the fake KV cache (what a KV connector built on it
+    sizes its host buffer by; the simulated transfers use the cost model's)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(**_kv_shape(block_size)).page_size_bytes
 
 
 def block_hasher(block_size: int):
