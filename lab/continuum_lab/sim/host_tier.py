@@ -114,16 +114,17 @@ class HostTier:
     def num_chunks(self, num_gpu_blocks: int) -> int:
         return max(1, round(self.capacity * num_gpu_blocks))
 
-    def kv_transfer_config(self, num_gpu_blocks: int, block_size: int):
+    def kv_transfer_config(self, num_gpu_blocks: int, block_size: int, kv_bytes_per_token: int):
         """vLLM's config of the native offload (`--kv-offloading-size`), its host
-        buffer sized for `num_chunks` blocks of the simulator's fake KV cache."""
+        buffer sized for `num_chunks` blocks of the simulated KV cache."""
         from vllm.config import KVTransferConfig
         from vllm.utils.math_utils import round_up
         from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
         from continuum_lab.sim.driver import page_size_bytes
 
-        chunk = round_up(page_size_bytes(block_size), CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT)
+        page = page_size_bytes(block_size, kv_bytes_per_token)
+        chunk = round_up(page, CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT)
         return KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both",
             kv_connector_extra_config={

@@ -245,7 +245,11 @@ def build_scheduler(
                 oracle_durations, cost, mode, prefill_profile_path)
     worker = None
     if tier is not None:
-        extra["kv_transfer_config"] = tier.kv_transfer_config(cost.num_gpu_blocks, cost.block_size)
+        # The fake KV cache as big as the modelled model's: the connector (and
+        # what the scheduler reads of it) sees real sizes.
+        extra["kv_bytes_per_token"] = int(cost.kv_bytes_per_block // cost.block_size)
+        extra["kv_transfer_config"] = tier.kv_transfer_config(
+            cost.num_gpu_blocks, cost.block_size, extra["kv_bytes_per_token"])
         worker = OffloadWorker(tier, cost.kv_bytes_per_block, cost.block_size)
     scheduler = new_scheduler(
         cls, sim_model_dir(cost.max_model_len), num_blocks=cost.num_gpu_blocks,
