@@ -58,7 +58,10 @@ class ConnectorHostTier:
 
     @classmethod
     def of(cls, scheduler) -> ConnectorHostTier | None:
-        """The host tier of the scheduler's connector, if it is vLLM's native offload."""
+        """The host tier of the scheduler's connector, if it is vLLM's native
+        offload. Its internals read here are vLLM's, not an interface: if a
+        release moved them, the tier is not read (logged once), and a lost
+        pin is priced as a prefill, as without offload."""
         side = getattr(getattr(scheduler, "connector", None), "connector_scheduler", None)
         manager = getattr(side, "manager", None)
         try:
@@ -67,6 +70,15 @@ class ConnectorHostTier:
             return None
         if not isinstance(manager, CPUOffloadingManager):
             return None
+        try:
+            return cls._read(scheduler, side, manager)
+        except (AttributeError, ImportError, IndexError, TypeError) as exc:
+            logger.warning("continuum: vLLM's KV offload connector could not be read (%s): lost "
+                           "pins are priced as a prefill, as without offload", exc)
+            return None
+
+    @classmethod
+    def _read(cls, scheduler, side, manager) -> ConnectorHostTier | None:
         groups = side.config.kv_group_configs
         if len(groups) != 1 or groups[0].sliding_window_size_in_chunks is not None:
             logger.info("continuum: KV offload over %d KV cache groups: lost pins priced as a "
