@@ -56,12 +56,14 @@ from vllm_continuum.metrics.names import (
     KV_POOL_BLOCKS,
     PIN_HELD_SECONDS,
     PIN_RELEASES,
+    PIN_RELOAD_SAVED_SECONDS,
     PINNED_BLOCKS,
     PINNED_SESSIONS,
     PINS,
     PINS_REFUSED,
     RESUME_CACHED_TOKENS,
     RESUME_PROMPT_TOKENS,
+    RESUME_SOURCES,
     RESUMES,
     SESSION_TURNS,
     TOOL_DURATION_SECONDS,
@@ -244,6 +246,18 @@ def build() -> dashboard.Dashboard:
         ],
         "percentunit",
     ).max(1)
+    sources = series(
+        "Where resumed turns' contexts came from",
+        f"Requests continuing a session per second, by source ({total(RESUME_SOURCES)}): pinned "
+        "(its pin), host_tier (loaded from vLLM's KV offload to host memory), gpu_cache (found in "
+        "vLLM's prefix cache), recomputed (none of it found). With KV offload on, beside them: "
+        f"seconds of host reload the resumed pins saved, per second ({total(PIN_RELOAD_SAVED_SECONDS)}).",
+        [
+            q(f"sum by (source) ({rate(total(RESUME_SOURCES))})", "{{source}}", "A"),
+            q(f"sum({rate(total(PIN_RELOAD_SAVED_SECONDS))})", "reload seconds saved / s", "B"),
+        ],
+        "short",
+    )
     ttl_dist = distribution(
         "TTL distribution",
         "TTLs chosen for finished tool-call turns, per bucket (0: the policy chose not to pin).",
@@ -443,6 +457,7 @@ def build() -> dashboard.Dashboard:
         .with_panel(turns)
         .with_panel(hit_rate)
         .with_panel(reuse)
+        .with_panel(sources)
         .with_panel(ttft)
         .with_row(dashboard.Row("TTLs and tools"))
         .with_panel(ttl_dist)

@@ -18,10 +18,7 @@ scheduled before step N's output is processed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from tests.scheduler.harness import (
-    FILLER_TOKEN,
     FakeClock,
     answer_script,
     audit,
@@ -31,66 +28,8 @@ from tests.scheduler.harness import (
     tokens,
     tool_call_script,
 )
-from tests.scheduler.kv_connector import kv_transfer_config
+from tests.scheduler.kv_connector import ConnectorDriver, kv_transfer_config
 from vllm_continuum.config import load_config
-from continuum_lab.sim.driver import synthetic_output
-
-
-@dataclass
-class ConnectorDriver:
-    """Steps a scheduler with a synthetic model and a scripted connector; under
-    async scheduling, one step stays in flight (a batch queue of two)."""
-
-    scheduler: object
-    scripts: dict[str, list[int]] = field(default_factory=dict)
-    recv_done: set[str] = field(default_factory=set)  # reported at the next output
-    send_done: set[str] = field(default_factory=set)
-    pending: tuple | None = None
-
-    def add(self, request, script=None):
-        if script is not None:
-            self.scripts[request.request_id] = list(script)
-        self.scheduler.add_request(request)
-        return request
-
-    def _next_token(self, request) -> int:
-        script = self.scripts.get(request.request_id)
-        return script.pop(0) if script else FILLER_TOKEN
-
-    def _process(self, out, runner) -> None:
-        from vllm.v1.outputs import KVConnectorOutput
-
-        runner.kv_connector_output = KVConnectorOutput(
-            finished_recving=set(self.recv_done), finished_sending=set(self.send_done))
-        self.recv_done.clear()
-        self.send_done.clear()
-        self.scheduler.update_from_output(out, runner)
-
-    def step(self):
-        s = self.scheduler
-        out = s.schedule()
-        runner, _ = synthetic_output(s, out, self._next_token)
-        if not s.scheduler_config.async_scheduling:
-            self._process(out, runner)
-        else:
-            if self.pending is not None:
-                self._process(*self.pending)
-            self.pending = (out, runner)
-        audit(s)
-        return out
-
-    def flush(self):
-        if self.pending is not None:
-            self._process(*self.pending)
-            self.pending = None
-            audit(self.scheduler)
-
-    def until(self, done, max_steps: int = 100) -> None:
-        for _ in range(max_steps):
-            if done():
-                return
-            self.step()
-        raise AssertionError("condition not reached")
 
 
 def _build(model_dir, async_scheduling, num_blocks=96, **settings):

@@ -35,6 +35,7 @@ from vllm_continuum.metrics.snapshot import (
     read_snapshots,
     snapshot_path,
 )
+from vllm_continuum.core.lost_pin import Held
 from vllm_continuum.core.pin_table import Pin, PinTable, ReleaseReason
 from vllm_continuum.metrics.stats import ContinuumStats
 
@@ -317,9 +318,10 @@ def test_pins_of_a_busy_engine_or_held_for_a_queued_turn_are_not_extrapolated(
 def test_counters_and_labels_on_the_scrape(metrics_dir, clock):
     e = Engine(clock)
     p = e.pin("A", ttl=3, tool="web_search")
+    p.held = Held(tokens=600, reload_s=0.25)  # vLLM's KV offload held its prompt too
     e.stats.on_tool_duration("web_search", 0.4)
-    e.stats.on_resume(True, prompt_tokens=700, cached_tokens=640)
-    e.stats.on_resume(False, prompt_tokens=100, cached_tokens=0)
+    e.stats.on_resume(True, prompt_tokens=700, cached_tokens=640, source="pinned")
+    e.stats.on_resume(False, prompt_tokens=100, cached_tokens=0, source="recomputed")
     e.stats.on_invalid_hints(2)
     e.stats.on_blocks_short()
     e.release(p, ReleaseReason.RESUMED)
@@ -331,6 +333,9 @@ def test_counters_and_labels_on_the_scrape(metrics_dir, clock):
         assert s[(RELEASES, (("reason", reason),))] == 0  # every reason exists from the start
     assert s[("continuum_resumes_total", (("outcome", "pinned"),))] == 1
     assert s[("continuum_resumes_total", (("outcome", "unpinned"),))] == 1
+    for source, n in (("pinned", 1), ("recomputed", 1), ("host_tier", 0), ("gpu_cache", 0)):
+        assert s[("continuum_resume_sources_total", (("source", source),))] == n
+    assert s[("continuum_pin_reload_saved_seconds_total", ())] == 0.25
     assert s[("continuum_resume_prompt_tokens_total", ())] == 800
     assert s[("continuum_resume_cached_tokens_total", ())] == 640
     assert s[("continuum_invalid_hints_total", ())] == 2

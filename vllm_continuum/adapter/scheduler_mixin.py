@@ -21,6 +21,8 @@ vLLM that works:
 - `self.waiting` (with `queue_order: program_fcfs`): the controller's lane
   queue. With `queue_order: fcfs` vLLM's own queue stays.
 - `add_request`, `reset_prefix_cache`, `shutdown`: bookkeeping and release.
+- `_update_from_kv_xfer_finished`: with vLLM's KV offload, the loads its
+  worker reports (how fast the host tier loads: adapter/host_tier.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_continuum.adapter.block_ledger import VllmBlockLedger
 from vllm_continuum.adapter.compat import check_vllm_version
+from vllm_continuum.adapter.host_tier import ConnectorHostTier
 from vllm_continuum.config import ContinuumConfig, config_from_vllm
 from vllm_continuum.core.affinity import AffinityMonitor
 from vllm_continuum.core.controller import PinController, ToolCallReader
@@ -87,6 +90,7 @@ class ContinuumSchedulerMixin:
         pinning = bool(self.cache_config.enable_prefix_caching)
         self._stats = continuum_stats if continuum_stats is not None else ContinuumStats()
         self._wall_clock = continuum_wall_clock or continuum_clock or time.time
+        self._host_tier = ConnectorHostTier.of(self)
         self.continuum = PinController(
             cfg,
             self._ledger,
@@ -102,6 +106,7 @@ class ContinuumSchedulerMixin:
             on_lane_change=self._lane_changed,
             pool_state=self._ledger.pool_state,
             preempted_status=RequestStatus.PREEMPTED,
+            host_tier=self._host_tier,
         )
         self._affinity = AffinityMonitor(
             vocab_token_id(tokenizer, cfg.tool_result_token),
@@ -191,6 +196,8 @@ class ContinuumSchedulerMixin:
         except Exception:  # noqa: BLE001  (a signal must never fail a request)
             logger.debug("continuum: affinity signal failed", exc_info=True)
         self.continuum.on_turn_end(request, *self._finish_of(request))
+        if self._host_tier is not None:
+            self._host_tier.forget(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 
     def _free_request_blocks(self, request: Request) -> None:
@@ -240,8 +247,15 @@ class ContinuumSchedulerMixin:
                     anything_running=bool(self.running),
                 )
         if blocks is not None and admitting:
+            if self._host_tier is not None:
+                self._host_tier.allocated(request.request_id, kwargs.get("num_external_computed_tokens", 0))
             self.continuum.on_allocated(request)
         return blocks
+
+    def _update_from_kv_xfer_finished(self, kv_connector_output, *args, **kwargs):
+        if self._host_tier is not None:
+            self._host_tier.observe(kv_connector_output)
+        return super()._update_from_kv_xfer_finished(kv_connector_output, *args, **kwargs)
 
     # ----------------------------------------------------------- plumbing
     def _publish(self) -> None:

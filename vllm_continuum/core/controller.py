@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from vllm_continuum.core.hints import Hints, parse_hints
 from vllm_continuum.core.ledger import BlockLedger
+from vllm_continuum.core.lost_pin import HostTier, KeepingHostCopies, resume_source
 from vllm_continuum.core.pin_maker import PinMaker, PinMakerEvents
 from vllm_continuum.core.pin_release import PinReleaser, ReleaseEvents
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
@@ -62,7 +63,8 @@ class PinEvents(PinMakerEvents, ReleaseEvents, Protocol):
     """What the controller reports (`vllm_continuum.metrics.stats.ContinuumStats`
     counts it for `/metrics`)."""
 
-    def on_resume(self, had_pin: bool, prompt_tokens: int, cached_tokens: int) -> None: ...
+    def on_resume(self, had_pin: bool, prompt_tokens: int, cached_tokens: int,
+                  source: str = "") -> None: ...
     def on_invalid_hints(self, count: int) -> None: ...
     def on_turn_outcome(self, call_format: str | None) -> None: ...
     def on_tool_duration(self, tool: str, seconds: float) -> None: ...
@@ -108,8 +110,10 @@ class PinController:
         on_lane_change: Callable[[TurnRequest], None] = lambda request: None,
         pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None] = lambda counted: None,
         preempted_status: object = "preempted",
+        host_tier: HostTier | None = None,
     ) -> None:
-        """`clock`: the one clock every rule reads (vLLM's wall-clock stamp of a
+        """`host_tier`: vLLM's KV offload to host memory, if on (lost_pin.py): a
+        lost pin costs a reload of what it holds. `clock`: the one clock every rule reads (vLLM's wall-clock stamp of a
         request's arrival is converted to it once, by the adapter); `on_lane_change(request)`: a queued request's lane
         changed (a pin of its context appeared or went); `preempted_status`: the
         request status (opaque here) of a preempted request."""
@@ -153,7 +157,8 @@ class PinController:
                                 requeue=on_lane_change)
         self._policy = policy
         revisit = self._revisit if hasattr(policy, "revisit") else None
-        self.releaser = PinReleaser(self.pins, ledger, stats, self.queue,
+        events = stats if host_tier is None else KeepingHostCopies(stats, host_tier)
+        self.releaser = PinReleaser(self.pins, ledger, events, self.queue,
                                     pressure=PressureRule.named(config.pressure_policy), now=self.now,
                                     step=lambda: self.step,
                                     on_gone=self._pin_gone, revisit=revisit)
@@ -161,7 +166,8 @@ class PinController:
         # pressure` (None: unknown, Eq. 2's cost), read only when a pin is decided.
         self.maker = PinMaker(config, policy, self.pins, ledger, self.releaser, self.queue, stats,
                               block_size=block_size, hash_block_size=hash_block_size,
-                              one_kv_group=one_kv_group, pool_state=pool_state, now=self.now)
+                              one_kv_group=one_kv_group, pool_state=pool_state, now=self.now,
+                              host_tier=host_tier)
 
     # ------------------------------------------------------------ front door
     def lane_queue(self, queue_cls: type[LaneQueue]) -> LaneQueue:
@@ -210,7 +216,8 @@ class PinController:
             return max(0.0, pin.created_at + self._policy.max_ttl_s - now)
         tenant = pin.program.tenant if pin.program is not None else None
         self.workload.tools.advance(tenant, now)
-        more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens, tenant)
+        more = self._policy.revisit(pin.tool, now - pin.created_at, pin.context_tokens, tenant,
+                                    self.maker.held_now(pin))
         self.stats.on_ttl_revisit(pin.tool, more)
         return more
 
@@ -299,7 +306,9 @@ class PinController:
                 turn.resuming = None
                 if not had_pin:  # T: what turns that lost their cache waited
                     self.workload.queueing.add(self.now() - arrived)
-                self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens)
+                loaded = tier.loaded_tokens(request.request_id) if (tier := self.maker.host_tier) else 0
+                self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens,
+                                     resume_source(had_pin, loaded, num_cached_tokens))
         if turn is None or not turn.handed_over:  # (its allocation mostly did)
             self._hand_over(request, turn)
 

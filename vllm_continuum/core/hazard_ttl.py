@@ -9,8 +9,10 @@ held to the horizon h in (a, max_ttl_s] that maximises
 or released now if no horizon has a positive value. D is f's duration; B
 what reuse saves, the reload (`PrefillReload`, the context's prefill) plus
 T, the measured mean queueing delay of turns that came back to find their
-context gone. The cost is the memory-time the pin is expected to hold from
-now (a pin whose tool returns early stops costing then) at a price c: zero
+context gone (with a host tier, vLLM's KV offload: a reload of what the
+host holds and a prefill of the rest, lost_pin.py). The cost is the
+memory-time the pin is expected to hold from now (a pin whose tool
+returns early stops costing then) at a price c: zero
 while the pool is not contested (no allocation failed for lack of blocks
 in the last few seconds, `WorkloadModel.contested`: nobody would use the
 memory, so the pin is held as `forever` holds it, whatever its size), and
@@ -62,6 +64,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from vllm_continuum.config import ContinuumConfig
+from vllm_continuum.core.lost_pin import NOTHING_HELD, Held, lost_pin_s
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.tool_stats import Tenant, TenantTools
@@ -232,8 +235,10 @@ class HazardTTLPolicy(TTLPolicy):
     def profile_note(self, max_model_len: int) -> str | None:
         return self.profile.clamp_note(max_model_len)
 
-    def benefit_s(self, num_context_tokens: int) -> float:
-        return self.profile.seconds(num_context_tokens) + self.workload.mean_queueing_delay_s
+    def benefit_s(self, num_context_tokens: int, held: Held = NOTHING_HELD) -> float:
+        """B: what losing the pin costs its next turn (a reload of what a host
+        tier holds, a prefill of the rest: lost_pin.py), plus T."""
+        return lost_pin_s(self.profile, num_context_tokens, held) + self.workload.mean_queueing_delay_s
 
     def price(self) -> float:
         """What a second of the pin's memory costs: nothing unless the pool is contested."""
@@ -255,7 +260,7 @@ class HazardTTLPolicy(TTLPolicy):
         return (mine, (1.0 - w_own, pooled, pooled_late)) if pooled or pooled_late else (mine,)
 
     def hold_for(self, tool: str, elapsed: float, num_context_tokens: int,
-                 tenant: Tenant = None) -> tuple[float, str]:
+                 tenant: Tenant = None, held: Held = NOTHING_HELD) -> tuple[float, str]:
         """(how much longer to hold from `elapsed`, the source): 0 = release now."""
         limit = self.max_ttl_s
         rest = limit - elapsed
@@ -269,7 +274,7 @@ class HazardTTLPolicy(TTLPolicy):
         source = "tool+all durations" if known else "all durations"
         hold_unknown = known or len(tools.durations.all_tools) < COLD_EVIDENCE_SAMPLES
         h = best_horizon(parts, elapsed, limit + self.late_return_s,
-                         self.benefit_s(num_context_tokens), self.price(), hold_unknown=hold_unknown,
+                         self.benefit_s(num_context_tokens, held), self.price(), hold_unknown=hold_unknown,
                          merged=lambda: self._merged_parts((tenant, tool), tools, parts))
         if h <= elapsed:
             return 0.0, source
@@ -289,10 +294,10 @@ class HazardTTLPolicy(TTLPolicy):
         return cached[1]
 
     def choose(self, turn: TurnEnd) -> TTLDecision:
-        ttl, source = self.hold_for(turn.tool, 0.0, turn.num_context_tokens, turn.tenant)
+        ttl, source = self.hold_for(turn.tool, 0.0, turn.num_context_tokens, turn.tenant, turn.held)
         return TTLDecision(ttl, source, revisable=ttl > 0)
 
     def revisit(self, tool: str, elapsed: float, num_context_tokens: int,
-                tenant: Tenant = None) -> float:
+                tenant: Tenant = None, held: Held = NOTHING_HELD) -> float:
         """How much longer a pin `elapsed` seconds old keeps its blocks (0: release)."""
-        return self.hold_for(tool, elapsed, num_context_tokens, tenant)[0]
+        return self.hold_for(tool, elapsed, num_context_tokens, tenant, held)[0]

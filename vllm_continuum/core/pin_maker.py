@@ -6,8 +6,10 @@ whom it displaces. The one place a pin enters the table.
   chain from the start), and the session's pins whose context it holds are
   replaced.
 - How long: the TTL policy (`ttl.py`) decides on what the pin will actually
-  keep; under `pin_cost: pressure` it also reads the pool's state and the
-  blocks the pin alone would hold.
+  keep, and on what losing it would cost: with a host tier, what the tier
+  holds of it is reloaded, not prefilled (`lost_pin.py`); under `pin_cost:
+  pressure` it also reads the pool's state and the blocks the pin alone
+  would hold.
 - Whom: the pool's cap (`pin_budget.cap_victims`) may release pins of
   programs that arrived later; if that cannot make room, or the TTL is 0,
   nothing is pinned and the blocks go back as stock vLLM frees them.
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from vllm_continuum.core.hints import Hints
 from vllm_continuum.core.ledger import BlockLedger, hashes_per_block
+from vllm_continuum.core.lost_pin import NOTHING_HELD, Held, HostTier, held_by
 from vllm_continuum.core.pin_budget import cap_victims, session_quota_cut
 from vllm_continuum.core.pin_release import PinReleaser
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
@@ -59,17 +62,19 @@ class PinMaker:
         one_kv_group: bool,
         pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None],
         now: Callable[[], float],
+        host_tier: HostTier | None = None,
     ) -> None:
         """`one_kv_group`: else a pin cannot keep only its first blocks;
         `pool_state(counted)`: the pool's free blocks and the demand of the
         waiting requests `counted` says are a pin's cost (None: unknown); `now`:
-        the controller's clock."""
+        the controller's clock; `host_tier`: vLLM's KV offload, if on."""
         self.config, self.ttl_policy = config, ttl_policy
         self.pins, self.ledger, self.releaser, self.queue, self.stats = pins, ledger, releaser, queue, stats
         self.block_size, self.hash_block_size = block_size, hash_block_size
         self.hashes_per_block = hashes_per_block(block_size, hash_block_size)
         self.one_kv_group = one_kv_group
         self.pool_state, self.now = pool_state, now
+        self.host_tier = host_tier
 
     def pin(self, request: TurnRequest, session: str, tool: str, hints: Hints,
             program: Program) -> Pin | None:
@@ -94,11 +99,14 @@ class PinMaker:
         contested_ttl_s = None
         revisable = False
         kept_tokens = 0
+        held = NOTHING_HELD
         if kept_ids and anchor is not None:
             # The TTL is decided on what the pin will actually keep.
             kept_tokens = min(request.num_tokens, kept * self.block_size)
+            held = held_by(self.host_tier, kept_hashes, kept_tokens)
             ttl_s, contested_ttl_s, revisable = self._ttl(
-                TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s, tenant=program.tenant),
+                TurnEnd(session, tool, kept_tokens, hinted_ttl_s=hints.ttl_s, tenant=program.tenant,
+                        held=held),
                 kept_ids)
         cap = int(self.config.max_pinned_fraction * pool_size)
         victims = cap_victims(self.pins, kept_ids, replaced, arrival, cap=cap) if ttl_s > 0 else None
@@ -129,10 +137,16 @@ class PinMaker:
             revisable=revisable,
             context_tokens=kept_tokens,
             program=program,
+            held=held,
         )
         self.pins.add(pin)
         self.stats.on_pin(pin)
         return pin
+
+    def held_now(self, pin: Pin) -> Held:
+        """What the host tier holds of the pin's context now (its LRU may have
+        evicted part of it since the pin was made)."""
+        return held_by(self.host_tier, pin.hashes, pin.context_tokens)
 
     def _ttl(self, turn: TurnEnd, kept_ids: tuple[int, ...]) -> tuple[float, float | None, bool]:
         """(TTL, contested TTL, revisable) of a pin of `kept_ids`, as the policy decides."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
+from vllm_continuum.core.lost_pin import NOTHING_HELD, Held
 from vllm_continuum.core.run_heap import RunHeap
 
 
@@ -94,6 +95,8 @@ class Pin:
     revisable: bool = False
     context_tokens: int = 0
     program: object = field(default=None, compare=False)  # the program whose context it holds (programs.py)
+    # Of them, what a host tier held when the pin was made (lost_pin.py).
+    held: Held = NOTHING_HELD
     # Queued requests (by id) whose context it holds: the pinned lane's turns.
     waiters: dict[str, object] = field(default_factory=dict, compare=False)
     block_id_set: frozenset[int] = field(init=False, repr=False, compare=False)

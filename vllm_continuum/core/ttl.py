@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.durations import ToolDurations
+from vllm_continuum.core.lost_pin import NOTHING_HELD, Held, lost_pin_s
 from vllm_continuum.core.pin_value import PoolState, pin_pressure
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.shrinkage import shrunk_cdf, shrunk_mean
@@ -58,6 +59,7 @@ class TurnEnd:
     num_context_tokens: int  # what the next turn would prefill again without a pin
     hinted_ttl_s: float | None = None
     tenant: str | None = None  # its request's cache_salt: whose tool statistics decide (tool_stats.py)
+    held: Held = NOTHING_HELD  # of it, what a host tier holds (lost_pin.py): reloaded, not prefilled
     # With `pin_cost: pressure` only: the pool's state, and the blocks the pin
     # would add (no other pin or running request holds them; left 0 when the
     # free pool covers the waiting demand, where they do not change the cost).
@@ -220,7 +222,7 @@ class ContinuumTTLPolicy(TTLPolicy):
         return self.profile.clamp_note(max_model_len)
 
     def benefit_s(self, turn: TurnEnd, eta: float) -> float:
-        reload = self.profile.seconds(turn.num_context_tokens)
+        reload = lost_pin_s(self.profile, turn.num_context_tokens, turn.held)
         return max(0.0, self.workload.mean_queueing_delay_s * eta + reload)
 
     def choose(self, turn: TurnEnd) -> TTLDecision:

@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from vllm_continuum.core.lost_pin import RESUME_SOURCES
 from vllm_continuum.metrics import names
 from vllm_continuum.metrics.snapshot import (
     BUCKETS,
@@ -59,6 +60,8 @@ class Totals:
         self.pins_by_tool: Counter[str] = Counter()
         self.releases_by_reason: Counter[str] = Counter({r: 0 for r in RELEASE_REASONS})
         self.resumes_by_outcome: Counter[str] = Counter({o: 0 for o in RESUME_OUTCOMES})
+        self.resume_sources: Counter[str] = Counter({s: 0 for s in RESUME_SOURCES})
+        self.pin_reload_saved_s = 0.0
         self.resume_prompt_tokens = 0
         self.resume_cached_tokens = 0
         self.invalid_hints = 0
@@ -82,6 +85,8 @@ class Totals:
         self.pins_by_tool.update(snap.get("pins_by_tool", {}))
         self.releases_by_reason.update(snap.get("releases_by_reason", {}))
         self.resumes_by_outcome.update(snap.get("resumes_by_outcome", {}))
+        self.resume_sources.update(snap.get("resume_sources", {}))
+        self.pin_reload_saved_s += float(snap.get("pin_reload_saved_s", 0.0))
         self.resume_prompt_tokens += int(snap.get("resume_prompt_tokens", 0))
         self.resume_cached_tokens += int(snap.get("resume_cached_tokens", 0))
         self.invalid_hints += int(snap.get("invalid_hints", 0))
@@ -227,6 +232,19 @@ class ContinuumCollector:
             names.RESUMES,
             "Requests of a session that had a previous turn, by whether its pin was still held.",
             "outcome", totals.resumes_by_outcome,
+        )
+        yield by(
+            names.RESUME_SOURCES,
+            "Requests of a session that had a previous turn, by where its context came from: "
+            "pinned (its pin), host_tier (loaded from vLLM's KV offload), gpu_cache (found in "
+            "vLLM's prefix cache), recomputed (none of it found).",
+            "source", totals.resume_sources,
+        )
+        yield counter(
+            names.PIN_RELOAD_SAVED_SECONDS,
+            "Seconds of host-tier reload that resumed pins saved (their context was also held "
+            "by vLLM's KV offload: without the pin, their next turn would have loaded it).",
+            totals.pin_reload_saved_s,
         )
         yield counter(
             names.RESUME_PROMPT_TOKENS,

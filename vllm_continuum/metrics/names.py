@@ -11,6 +11,8 @@ the way out: a counter `NAME` is scraped as `NAME_total`, a histogram as
 PINS = "continuum_pins"  # tool
 PIN_RELEASES = "continuum_pin_releases"  # reason
 RESUMES = "continuum_resumes"  # outcome: pinned, unpinned
+RESUME_SOURCES = "continuum_resume_sources"  # source: pinned, gpu_cache, host_tier, recomputed
+PIN_RELOAD_SAVED_SECONDS = "continuum_pin_reload_saved_seconds"
 RESUME_PROMPT_TOKENS = "continuum_resume_prompt_tokens"
 RESUME_CACHED_TOKENS = "continuum_resume_cached_tokens"
 INVALID_HINTS = "continuum_invalid_hints"

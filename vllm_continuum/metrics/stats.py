@@ -47,6 +47,10 @@ class ContinuumStats:
     pins_by_tool: Counter[str] = field(default_factory=Counter)
     releases_by_reason: Counter[str] = field(default_factory=Counter)
     resumes_by_outcome: Counter[str] = field(default_factory=Counter)  # pinned / unpinned
+    # Where resumed turns' contexts came from (core/lost_pin.py RESUME_SOURCES).
+    resume_sources: Counter[str] = field(default_factory=Counter)
+    # The host-tier reload time resumed pins saved (their context was held there too).
+    pin_reload_saved_s: float = 0.0
     resume_prompt_tokens: int = 0
     resume_cached_tokens: int = 0
     invalid_hints: int = 0
@@ -131,10 +135,15 @@ class ContinuumStats:
         self.pin_outcomes_by_tool[(tool, outcome)] += 1
         if expired:
             self.expired_block_seconds_by_tool[tool] += pin.num_blocks * max(0.0, held_s)
+        elif reason == ReleaseReason.RESUMED:
+            self.pin_reload_saved_s += pin.held.reload_s
         self._changes += 1
 
-    def on_resume(self, had_pin: bool, prompt_tokens: int, cached_tokens: int) -> None:
+    def on_resume(self, had_pin: bool, prompt_tokens: int, cached_tokens: int,
+                  source: str = "") -> None:
         self.resumes_by_outcome["pinned" if had_pin else "unpinned"] += 1
+        if source:
+            self.resume_sources[source] += 1
         self.resume_prompt_tokens += prompt_tokens
         self.resume_cached_tokens += cached_tokens
         self._changes += 1
@@ -208,6 +217,8 @@ class ContinuumStats:
             "pins_by_tool": dict(self.pins_by_tool),
             "releases_by_reason": dict(self.releases_by_reason),
             "resumes_by_outcome": dict(self.resumes_by_outcome),
+            "resume_sources": dict(self.resume_sources),
+            "pin_reload_saved_s": self.pin_reload_saved_s,
             "resume_prompt_tokens": self.resume_prompt_tokens,
             "resume_cached_tokens": self.resume_cached_tokens,
             "invalid_hints": self.invalid_hints,

@@ -54,7 +54,7 @@ def _matrix(args: argparse.Namespace) -> int:
         rows = select_rows(rows, policies=args.policies, seeds=args.seeds, workloads=args.only,
                            load=args.load)
         return render_matrix(rows, args.out, command=command_line(), target_policy=args.targets,
-                             publish=args.publish)
+                             publish=args.publish, report=args.report)
     spec = load_matrix(args.config)
     if args.only:
         spec = spec.model_copy(update={"cells": [c for c in spec.cells if c.workload in args.only]})
@@ -62,7 +62,7 @@ def _matrix(args: argparse.Namespace) -> int:
         spec = spec.model_copy(update={"seeds": args.seeds})
     return run_matrix(spec, args.out, quick=args.quick, load=args.load, policies=args.policies,
                       command=command_line(), jobs=args.jobs, target_policy=args.targets,
-                      publish=args.publish)
+                      publish=args.publish, report=args.report)
 
 
 def _overhead(args: argparse.Namespace) -> int:
@@ -122,7 +122,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("matrix", help="every policy on every workload, load and seed "
                               "(the measurement matrix): Markdown table and heat map")
-    p.add_argument("--config", type=Path, help="the grid (default: continuum_lab/configs/matrix.yaml)")
+    p.add_argument("--config", help="the grid: a name in continuum_lab/configs/ (e.g. matrix-offload) "
+                   "or a YAML path (default: matrix)")
     p.add_argument("--quick", action="store_true", help="one seed, the grid's quick load only")
     p.add_argument("--only", nargs="+", metavar="WORKLOAD", help="only these workloads' cells")
     p.add_argument("--load", help="only this load of each cell (none, moderate, heavy, overload)")
@@ -137,6 +138,9 @@ def register(subparsers) -> None:
                         "rows.jsonl an interrupted run left) into --out "
                         "(several: their rows merged, e.g. a policy run later beside the rest; "
                         "--policies, --seeds, --only and --load keep only those rows)")
+    p.add_argument("--report", choices=("matrix", "offload"), default="matrix",
+                   help="offload: each policy against stock with the same host tier "
+                        "(`NAME+offload-TIER` labels; sim/offload_report.py)")
     p.add_argument("--jobs", type=int, default=1,
                    help="processes running (cell, seed) tasks side by side (results do not depend on it)")
     publish_arg(p)

@@ -169,6 +169,13 @@ class CostModel(BaseModel):
         return type(self).model_validate({**self.model_dump(), "num_gpu_blocks": num_blocks})
 
     @property
+    def kv_bytes_per_block(self) -> float:
+        """Bytes of one KV block (what a host tier copies): the roofline's KV per token."""
+        if self.roofline is None:
+            raise ValueError(f"cost model {self.name}: a host tier needs a roofline's kv_bytes_per_token")
+        return self.roofline.kv_bytes_per_token * self.block_size
+
+    @property
     def pool_tokens(self) -> int:
         return (self.num_gpu_blocks - 1) * self.block_size
 

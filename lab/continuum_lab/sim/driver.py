@@ -58,6 +58,7 @@ def new_scheduler(
     sliding_window: int | None = None,
     kv_transfer_config=None,
     additional_config: dict | None = None,
+    kv_bytes_per_token: int | None = None,
     **scheduler_kwargs,
 ):
     """A scheduler of class `cls` (vLLM's or ours) over a KV pool of `num_blocks`;
@@ -65,8 +66,9 @@ def new_scheduler(
     `sliding_window`: a hybrid model, a full-attention KV cache group and a
     sliding-window one of that many tokens sharing the pool. `kv_transfer_config`:
     vLLM's `KVTransferConfig` of a KV connector (the scheduler side only runs).
-    `additional_config`: `--additional-config`'s object, as the server would pass it."""
-    import torch
+    `additional_config`: `--additional-config`'s object, as the server would pass it.
+    `kv_bytes_per_token`: the modelled model's KV size (what a KV connector
+    reads of the fake cache; default: a small one)."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -106,7 +108,7 @@ def new_scheduler(
     # scheduler under test is the GPU's, which runs with it on (so that, e.g.,
     # a KV-consumer connector defers block frees as it does there).
     scheduler_config.async_scheduling = async_scheduling
-    shape = dict(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    shape = _kv_shape(block_size, kv_bytes_per_token)
     groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(**shape))]
     if sliding_window is not None:
         swa = SlidingWindowSpec(sliding_window=sliding_window, **shape)
@@ -122,6 +124,27 @@ def new_scheduler(
         log_stats=log_stats,
         **scheduler_kwargs,
     )
+
+
+def _kv_shape(block_size: int, kv_bytes_per_token: int | None = None) -> dict:
+    """The fake KV cache's one layer (no tensor is allocated): 512 bytes a
+    token, or `kv_bytes_per_token` (K and V in BF16, heads of 64)."""
+    import torch
+
+    if kv_bytes_per_token is None:
+        return dict(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    heads, rest = divmod(int(kv_bytes_per_token), 2 * 2 * 64)
+    if rest or heads < 1:
+        raise ValueError(f"kv_bytes_per_token {kv_bytes_per_token}: not a multiple of 256")
+    return dict(block_size=block_size, num_kv_heads=heads, head_size=64, dtype=torch.bfloat16)
+
+
+def page_size_bytes(block_size: int, kv_bytes_per_token: int | None = None) -> int:
+    """Bytes of one block of the fake KV cache (what a KV connector built on it
+    reads: its host buffer's size, what a copy moves)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(**_kv_shape(block_size, kv_bytes_per_token)).page_size_bytes
 
 
 def block_hasher(block_size: int):

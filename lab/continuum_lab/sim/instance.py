@@ -65,9 +65,10 @@ class Step:
 
 
 class Instance:
-    def __init__(self, index: int, scheduler) -> None:
+    def __init__(self, index: int, scheduler, worker=None) -> None:
         self.index = index
         self.scheduler = scheduler
+        self.worker = worker  # host_tier.OffloadWorker: the KV offload's worker side, if any
         self.inbox: list = []  # routed, added at the next step boundary
         self.step: Step | None = None
         self.stats = SimStats()

@@ -65,6 +65,7 @@ class _Live:
     first_scheduled: float | None = None
     first_token: float | None = None
     cached: int | None = None
+    loaded: int = 0  # of `cached`, tokens loaded from the host tier
 
 
 def _tokens(seed: int, program: str, turn: int, what: str, n: int) -> list[int]:
@@ -76,6 +77,18 @@ def _merge_counts(dicts) -> dict:
     for d in dicts:
         for k, v in d.items():
             out[k] = out.get(k, 0) + v
+    return out
+
+
+def _merge_tier_stats(parts) -> dict:
+    """Host-tier counters of several engines: sums, per direction where they are per direction."""
+    out: dict = {}
+    for part in parts:
+        for k, v in part.items():
+            if isinstance(v, dict):
+                out[k] = _merge_counts([out.get(k, {}), v])
+            else:
+                out[k] = out.get(k, 0) + v
     return out
 
 
@@ -122,7 +135,7 @@ class Simulation:
             )
             for i in range(instances)
         ]
-        self.instances = [Instance(i, b.scheduler) for i, b in enumerate(built)]
+        self.instances = [Instance(i, b.scheduler, b.worker) for i, b in enumerate(built)]
         self.settings = built[0].settings
         self.router = make_router(routing, instances, **(routing_options or {})) if routing else None
         self._hasher = block_hasher(cost.block_size)
@@ -131,6 +144,9 @@ class Simulation:
         self._ids = itertools.count()
         self._idle_jumps = 0
         self.placements: dict[tuple[str, int], int] = {}  # (program, turn) -> instance
+        # Later turns' prompt tokens by where they came from: the GPU's prefix
+        # cache (pins included), the host tier (loaded), or computed.
+        self.resume_tokens = {"gpu": 0, "host_tier": 0, "computed": 0}
         self.pinned_turns = 0  # resumed turns whose pin some instance held at arrival
         self.reached_pin = 0  # ... that the router sent to that instance
         self.result = RunResult(label=policy, started_at=0.0, duration_s=0.0)
@@ -205,6 +221,9 @@ class Simulation:
                 if inst.step is None:
                     self._start_step(inst, live_by_id)
             ends = [inst.step.end for inst in self.instances if inst.step is not None]
+            # With a host tier the engine also steps for copies in flight (`has_requests`).
+            ends += [t for inst in self.instances if inst.worker is not None and inst.step is None
+                     and (t := inst.worker.next_done()) is not None]
             if events:
                 ends.append(events[0][0])
             if not ends:
@@ -223,46 +242,66 @@ class Simulation:
         return self._finish_result()
 
     def _start_step(self, inst: Instance, live_by_id: dict[str, _Live]) -> None:
-        """Add what was routed here, then schedule a step (if there is work)."""
-        s, clock, stats = inst.scheduler, self.clock, inst.stats
+        """Add what was routed here, then schedule a step (if there is work).
+        With a host tier, vLLM's engine core also steps for the KV connector
+        alone (`has_requests`): a step with nothing to compute is the
+        connector's round trip (host_tier.py), at once, and the scheduler is
+        asked again if it brought a load's completion."""
+        s, clock, stats, worker = inst.scheduler, self.clock, inst.stats, inst.worker
         for request in inst.inbox:
             s.add_request(request)
         inst.inbox.clear()
-        if not s.has_unfinished_requests():
+        while s.has_requests() if worker is not None else s.has_unfinished_requests():
+            timed = self._time_scheduler
+            if timed:
+                t0, c0 = time.perf_counter(), time.thread_time()
+            out = s.schedule()
+            if timed:
+                t_sched, c_sched = time.perf_counter() - t0, time.thread_time() - c0
+            start = clock.now if worker is None else worker.start(out.kv_connector_metadata, clock.now)
+            runner_out, batch = synthetic_output(
+                s, out, lambda request: live_by_id[request.request_id].output[request.num_output_tokens]
+            )
+            if out.total_num_scheduled_tokens == 0:
+                stats.stalls += 1  # retried at the next moment anything happens
+                if worker is None:
+                    return
+                if start > clock.now:  # held for a flush: the step ends when it is done
+                    inst.step = Step(out, runner_out, start)
+                    return
+                runner_out.kv_connector_output = worker.finish(out.kv_connector_metadata, start,
+                                                               idle=True)
+                s.update_from_output(out, runner_out)
+                if not runner_out.kv_connector_output.finished_recving:
+                    return
+                continue
+            usage = s.kv_cache_manager.usage  # what this step holds, before finished requests free theirs
+            for new in out.scheduled_new_reqs:
+                live = live_by_id[new.req_id]
+                if live.first_scheduled is None:
+                    live.first_scheduled = clock.now
+                    self.admission_waits[(live.program.id, live.turn)] = clock.now - live.arrival
+                    live.cached = new.num_computed_tokens
+            dt = self.cost.step_time(batch)
+            if worker is not None:
+                dt += worker.extra_step_s(start, dt)
+            stats.steps += 1
+            stats.busy_s += dt + start - clock.now
+            stats.usage_s += usage * dt
+            stats.usage_max = max(stats.usage_max, usage)
+            stats.scheduled_tokens += out.total_num_scheduled_tokens
+            stats.preemptions += len(getattr(out, "preempted_req_ids", ()) or ())
+            inst.step = Step(out, runner_out, start + dt)
+            if timed:
+                inst.step.sched_wall_s, inst.step.sched_cpu_s = t_sched, c_sched
             return
-        timed = self._time_scheduler
-        if timed:
-            t0, c0 = time.perf_counter(), time.thread_time()
-        out = s.schedule()
-        if timed:
-            t_sched, c_sched = time.perf_counter() - t0, time.thread_time() - c0
-        if out.total_num_scheduled_tokens == 0:
-            stats.stalls += 1  # retried at the next moment anything happens
-            return
-        usage = s.kv_cache_manager.usage  # what this step holds, before finished requests free theirs
-        for new in out.scheduled_new_reqs:
-            live = live_by_id[new.req_id]
-            if live.first_scheduled is None:
-                live.first_scheduled = clock.now
-                self.admission_waits[(live.program.id, live.turn)] = clock.now - live.arrival
-                live.cached = new.num_computed_tokens
-        runner_out, batch = synthetic_output(
-            s, out, lambda request: live_by_id[request.request_id].output[request.num_output_tokens]
-        )
-        dt = self.cost.step_time(batch)
-        stats.steps += 1
-        stats.busy_s += dt
-        stats.usage_s += usage * dt
-        stats.usage_max = max(stats.usage_max, usage)
-        stats.scheduled_tokens += out.total_num_scheduled_tokens
-        stats.preemptions += len(getattr(out, "preempted_req_ids", ()) or ())
-        inst.step = Step(out, runner_out, clock.now + dt)
-        if timed:
-            inst.step.sched_wall_s, inst.step.sched_cpu_s = t_sched, c_sched
 
     def _finish_step(self, inst: Instance, live_by_id, prev_prompt, events, seq) -> None:
         step, inst.step = inst.step, None
-        s, now = inst.scheduler, self.clock.now
+        s, now, worker = inst.scheduler, self.clock.now, inst.worker
+        if worker is not None:
+            step.runner_output.kv_connector_output = worker.finish(
+                step.output.kv_connector_metadata, step.end)
         timed = self._time_scheduler
         if timed:
             t1, c1 = time.perf_counter(), time.thread_time()
@@ -279,6 +318,8 @@ class Simulation:
                     live.first_token = now
                 if o.finish_reason is not None:
                     del live_by_id[o.request_id]
+                    if worker is not None:
+                        live.loaded = worker.stats.loaded_tokens.pop(o.request_id, 0)
                     self._turn_done(live, now, prev_prompt, events, seq)
 
     def _finish_result(self) -> RunResult:
@@ -304,6 +345,11 @@ class Simulation:
                 "resumes_by_outcome": _merge_counts(cs.resumes_by_outcome for cs in all_cs),
                 "pins_refused_by_cap": sum(cs.pins_refused_by_cap for cs in all_cs),
             }
+        self.result.meta["resume_tokens"] = dict(self.resume_tokens)
+        workers = [inst.worker for inst in self.instances if inst.worker is not None]
+        if workers:
+            self.result.meta["host_tier"] = {"tier": workers[0].tier.label,
+                                             **_merge_tier_stats(w.stats.as_dict() for w in workers)}
         if self.router is not None:
             self.result.meta["cluster"] = self._cluster_meta()
         return self.result
@@ -324,6 +370,11 @@ class Simulation:
     def _turn_done(self, live: _Live, now: float, prev_prompt: dict, events, seq) -> None:
         program, k = live.program, live.turn
         turn = program.turns[k]
+        if k > 0 and not program.one_shot:
+            cached = live.cached or 0
+            self.resume_tokens["gpu"] += cached - live.loaded
+            self.resume_tokens["host_tier"] += live.loaded
+            self.resume_tokens["computed"] += len(live.prompt) - cached
         self.result.record(
             TurnRecord(
                 program=program.id,

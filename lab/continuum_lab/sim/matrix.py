@@ -42,7 +42,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from continuum_lab.configs import CONFIG_DIR
+from continuum_lab.configs import CONFIG_DIR, named_yaml
 from continuum_lab.outcomes import outcome, program_outcome
 from continuum_lab.publish import publish_report
 from continuum_lab.report import save_figure, summarize
@@ -245,7 +245,9 @@ def _cell_seed(cell: CellSpec, load: str, rate: float, seed: int, policies: Sequ
              "label": run.label, "seed": seed, "cell": name,
              "preemptions": run.meta["preemptions"], "pool_usage_mean": run.meta["pool_usage_mean"],
              # per program: a policy run apart from stock is judged against it later
-             "program_jct_s": {p.program: p.jct_s for p in run.programs}}
+             "program_jct_s": {p.program: p.jct_s for p in run.programs},
+             "resume_tokens": run.meta["resume_tokens"],
+             **({"host_tier": run.meta["host_tier"]} if "host_tier" in run.meta else {})}
             for run in runs]
 
 
@@ -258,7 +260,7 @@ def cell_name(cell: CellSpec, load: str, rate: float) -> str:
 def run_matrix(
     spec: MatrixSpec, out_dir: Path, *, quick: bool = False, load: str | None = None,
     policies: Sequence[str] | None = None, command: str = "", jobs: int = 1,
-    target_policy: str | None = None, publish: str | None = None,
+    target_policy: str | None = None, publish: str | None = None, report: str = "matrix",
 ) -> int:
     """Every (cell, seed) is one task, run in `jobs` processes; the report keeps
     the grid's order whatever order the tasks finish in."""
@@ -298,7 +300,7 @@ def run_matrix(
     (out_dir / "matrix.json").write_text(json.dumps({"rows": rows, "seeds": seeds}, indent=1))
     footer = [f"total wall time: {time.perf_counter() - started:.0f} s in {max(jobs, 1)} processes"]
     return render_matrix(rows, out_dir, quick=quick, command=command, footer=footer,
-                         target_policy=target_policy, publish=publish)
+                         target_policy=target_policy, publish=publish, report=report)
 
 
 def merge_rows(runs: Sequence[list[dict]]) -> list[dict]:
@@ -346,12 +348,21 @@ def select_rows(rows: list[dict], *, policies: Sequence[str] | None = None,
 def render_matrix(
     rows: list[dict], out_dir: Path, *, quick: bool = False, command: str = "",
     target_policy: str | None = None, footer: Sequence[str] = (), publish: str | None = None,
+    report: str = "matrix",
 ) -> int:
     """The report of a run's rows (also re-rendered from its matrix.json):
     a table per cell in the grid's order, the targets table of `target_policy`
-    (default: `default` if it ran, else none), the heat map."""
+    (default: `default` if it ran, else none), the heat map. `report="offload"`:
+    each policy against stock with the same host tier instead (offload_report.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     seeds = sorted({r["seed"] for r in rows})
+    if report == "offload":
+        from continuum_lab.sim.offload_report import offload_tables
+
+        text = [f"# Against stock vLLM with KV offload to host memory (seeds {seeds})", "",
+                *offload_tables(rows), "", *footer,
+                f"reproduce: {command or 'vllm-continuum matrix --report offload'}"]
+        return _write_report("\n".join(text), out_dir, {}, command, publish)
     cells: dict[str, dict[str, dict]] = {}
     text = [f"# Measurement matrix ({'quick subset: ' if quick else ''}seeds {seeds})", ""]
     for name in dict.fromkeys(r["cell"] for r in rows):
@@ -366,7 +377,10 @@ def render_matrix(
         text += targets_table(cells, target_policy) + [""]
     heatmap = plot_heatmap(cells, out_dir / "matrix_heatmap.png")
     text += [f"heat map: {heatmap}", *footer, f"reproduce: {command or 'vllm-continuum matrix'}"]
-    report = "\n".join(text)
+    return _write_report("\n".join(text), out_dir, cells, command, publish)
+
+
+def _write_report(report: str, out_dir: Path, cells: dict, command: str, publish: str | None) -> int:
     (out_dir / "matrix.md").write_text(report + "\n")
     (out_dir / "cells.json").write_text(json.dumps(cells, indent=1))
     print(report)
@@ -376,4 +390,6 @@ def render_matrix(
 
 
 def load_matrix(path: Path | str | None = None) -> MatrixSpec:
-    return MatrixSpec.model_validate(yaml.safe_load(Path(path or MATRIX_FILE).read_text()))
+    """The grid at `path`, or by name from continuum_lab/configs/ (default: matrix.yaml)."""
+    where = named_yaml(path, CONFIG_DIR, "matrix") if path else MATRIX_FILE
+    return MatrixSpec.model_validate(yaml.safe_load(where.read_text()))

@@ -26,6 +26,7 @@ from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.pin_table import Pin, ReleaseReason
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.programs import Program
+from vllm_continuum.core.lost_pin import lost_pin_s
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.ttl import TTLDecision, TTLPolicy, TurnEnd, optimal_ttl
@@ -107,7 +108,7 @@ def oracle_policy_factory(
 
         def benefit(turn: TurnEnd) -> float:
             return max(0.0, workload.mean_queueing_delay_s * workload.eta
-                       + profile.seconds(turn.num_context_tokens))
+                       + lost_pin_s(profile, turn.num_context_tokens, turn.held))
 
         return OracleTTLPolicy(durations, slack_s=cost.max_step_s(), mode=mode, benefit=benefit)
 

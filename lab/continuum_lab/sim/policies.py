@@ -24,6 +24,7 @@ from continuum_lab.shipped_before import PRESSURE as PRESSURE_SETTINGS
 from continuum_lab.shipped_before import pressure_variants
 from continuum_lab.sim.cost_model import CostModel
 from continuum_lab.sim.driver import SimClock, new_scheduler
+from continuum_lab.sim.host_tier import HostTier, OffloadWorker
 from continuum_lab.sim.oracle import oracle_policy_factory, remaining_work_order
 from vllm_continuum.metrics.stats import ContinuumStats
 from vllm_continuum.tools.atomic_dir import replacing_dir
@@ -203,6 +204,19 @@ class BuiltScheduler:
     policy: str
     continuum: bool
     settings: dict[str, str] = field(default_factory=dict)
+    worker: OffloadWorker | None = None  # the host tier's worker side (`NAME+offload`)
+
+
+OFFLOAD = "+offload"
+
+
+def split_offload(policy: str) -> tuple[str, HostTier | None]:
+    """`NAME+offload[-TIER]`: policy NAME beside vLLM's KV offload to a host tier
+    (host_tier.py: `3x`, `pcie4`, ...; bare: 1x the pool over PCIe 5); else (NAME, None)."""
+    name, sep, suffix = policy.partition(OFFLOAD)
+    if not sep:
+        return policy, None
+    return name, HostTier.parse(suffix.removeprefix("-"))
 
 
 def build_scheduler(
@@ -222,9 +236,11 @@ def build_scheduler(
 
     from vllm_continuum.adapter.scheduler import ContinuumScheduler
 
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; known: {sorted(POLICIES)}")
-    is_continuum, base = POLICIES[policy]
+    name, tier = split_offload(policy)
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known: {sorted(POLICIES)}, "
+                         f"each also as NAME{OFFLOAD}[-TIER]")
+    is_continuum, base = POLICIES[name]
     settings = {**base, **(extra_settings or {})}
     if prefill_profile_path:
         settings.setdefault("PREFILL_PROFILE", prefill_profile_path)
@@ -234,21 +250,29 @@ def build_scheduler(
         # No metrics export from a simulation: a stats object without a writer.
         extra = {"continuum_config": sim_config(settings), "continuum_clock": clock,
                  "continuum_stats": stats or ContinuumStats(writer=None)}
-        constants = next((c for n, c in HAZARD_CONSTANTS.items() if policy in (n, f"{n}-yield", f"{n}-hold")), None)
+        constants = next((c for n, c in HAZARD_CONSTANTS.items() if name in (n, f"{n}-yield", f"{n}-hold")), None)
         if constants is not None:
             extra["continuum_ttl_policy"] = partial(HazardTTLPolicy.from_config, **constants)
-        if policy.startswith("order-oracle"):
+        if name.startswith("order-oracle"):
             assert oracle_remaining is not None
             extra["continuum_program_order"] = remaining_work_order(oracle_remaining)
-        if policy.startswith("oracle"):
+        if name.startswith("oracle"):
             assert oracle_durations is not None
-            mode = next((m for m in ("eq2", "cap") if policy.startswith(f"oracle-{m}")), "always")
+            mode = next((m for m in ("eq2", "cap") if name.startswith(f"oracle-{m}")), "always")
             extra["continuum_ttl_policy"] = oracle_policy_factory(
                 oracle_durations, cost, mode, prefill_profile_path)
+    worker = None
+    if tier is not None:
+        # The fake KV cache as big as the modelled model's: the connector (and
+        # what the scheduler reads of it) sees real sizes.
+        extra["kv_bytes_per_token"] = int(cost.kv_bytes_per_block // cost.block_size)
+        extra["kv_transfer_config"] = tier.kv_transfer_config(
+            cost.num_gpu_blocks, cost.block_size, extra["kv_bytes_per_token"])
+        worker = OffloadWorker(tier, cost.kv_bytes_per_block, cost.block_size)
     scheduler = new_scheduler(
         cls, sim_model_dir(cost.max_model_len), num_blocks=cost.num_gpu_blocks,
         block_size=cost.block_size, max_model_len=cost.max_model_len,
         max_num_seqs=cost.max_num_seqs, max_num_batched_tokens=cost.max_num_batched_tokens,
         **extra,
     )
-    return BuiltScheduler(scheduler, policy, is_continuum, settings if is_continuum else {})
+    return BuiltScheduler(scheduler, policy, is_continuum, settings if is_continuum else {}, worker)
