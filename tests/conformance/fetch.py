@@ -42,11 +42,15 @@ KEEP_FILES = (
 STAMP = ".sha256"
 
 
+def cache_base() -> Path:
+    """~/.cache/vllm-continuum (or under $XDG_CACHE_HOME): what every clone shares."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-continuum"
+
+
 def cache_root() -> Path:
     if env := os.environ.get("CONTINUUM_CONFORMANCE_CACHE"):
         return Path(env)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "vllm-continuum" / "vllm-tests"
+    return cache_base() / "vllm-tests"
 
 
 def tree_dir(version: str) -> Path:
@@ -78,16 +82,16 @@ class _Links(HTMLParser):
             self.hrefs.append(href)
 
 
-def sdist_link(version: str) -> tuple[str, str]:
-    """(url, sha256) of vllm-<version>.tar.gz, read from the index's project page."""
-    page = index_url().rstrip("/") + "/vllm/"
+def sdist_link(version: str, project: str = "vllm") -> tuple[str, str]:
+    """(url, sha256) of <project>-<version>.tar.gz, read from the index's project page."""
+    page = index_url().rstrip("/") + f"/{project}/"
     # PEP 691 JSON when the index speaks it, the PEP 503 HTML page otherwise.
     request = urllib.request.Request(page, headers={
         "Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
     with urllib.request.urlopen(request, timeout=120) as response:
         body = response.read()
         kind = response.headers.get("Content-Type", "")
-    wanted = f"vllm-{version}.tar.gz"
+    wanted = f"{project.replace('-', '_')}-{version}.tar.gz"
     if "json" in kind:
         files = [(f["url"], f.get("hashes", {}).get("sha256")) for f in json.loads(body)["files"]]
     else:
@@ -103,6 +107,19 @@ def sdist_link(version: str) -> tuple[str, str]:
                 raise SystemExit(f"[conformance] {page} gives no sha256 for {wanted}")
             return urljoin(page, url), sha
     raise SystemExit(f"[conformance] {page} lists no {wanted}")
+
+
+def download(url: str, sha: str, archive: Path) -> Path:
+    """`url` saved at `archive`, its sha256 checked against `sha`."""
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=300) as response, archive.open("wb") as out:
+        while chunk := response.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+    if digest.hexdigest() != sha:
+        raise SystemExit(f"[fetch] sha256 mismatch for {url}: "
+                         f"got {digest.hexdigest()}, the index says {sha}")
+    return archive
 
 
 def _kept(name: str, prefix: str) -> str | None:
@@ -125,15 +142,7 @@ def fetch(version: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"[conformance] fetching {url.rsplit('/', 1)[-1]} (tests only are kept)", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        archive = Path(tmp) / "sdist.tar.gz"
-        digest = hashlib.sha256()
-        with urllib.request.urlopen(url, timeout=300) as response, archive.open("wb") as out:
-            while chunk := response.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-        if digest.hexdigest() != sha:
-            raise SystemExit(f"[conformance] sha256 mismatch for {url}: "
-                             f"got {digest.hexdigest()}, the index says {sha}")
+        archive = download(url, sha, Path(tmp) / "sdist.tar.gz")
         tree = Path(tmp) / "tree"
         with tarfile.open(archive) as tar:
             members = []
