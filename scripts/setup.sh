@@ -10,6 +10,8 @@
 #                  requests tests/fixtures/clients/ holds; skipped (and said) without npm
 #   vLLM's own scheduler tests (tests/v1/core of each release's sdist) for the
 #                  conformance tier, into ~/.cache/vllm-continuum/vllm-tests (tests/conformance)
+#   llama.cpp's vocabulary files (llama-cpp-python's sdist) as real tokenizers for the
+#                  tool-call tests, into ~/.cache/vllm-continuum/real-vocab (tests/scheduler/real_vocab.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -147,6 +149,9 @@ setup_clients
 conformance_versions=(0.32.0)
 (( with_033 )) && conformance_versions+=(0.33.0)
 .venv/bin/python tests/conformance/fetch.py "${conformance_versions[@]}" >/dev/null
+# Real tokenizers (Gemma 4, Llama 3, Qwen2) for the tool-call tests, from llama.cpp's
+# vocabulary files in llama-cpp-python's sdist: fetched once (76 MB), 29 MB kept.
+.venv/bin/python -m tests.scheduler.real_vocab >/dev/null
 if (( with_033 )); then
   echo "[setup] waiting for official vLLM 0.33 in .venv-vllm033 (log: .venv-vllm033.setup.log)"
   if ! wait "$pid033"; then

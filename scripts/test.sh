@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
 export VLLM_TARGET_DEVICE=cpu
+export CONTINUUM_REAL_VOCAB_REQUIRED=1  # setup.sh fetched them: never skipped here
 status=0
 echo "=== vLLM 0.33 (official build): the scheduler tier and the pin controller ==="
 .venv-vllm033/bin/python -m pytest -q -p no:cacheprovider tests/scheduler tests/unit/test_controller.py tests/unit/test_pin_estimators.py \
