@@ -157,6 +157,7 @@ class PinController:
                                 requeue=on_lane_change)
         self._policy = policy
         revisit = self._revisit if hasattr(policy, "revisit") else None
+        self.host_tier = host_tier
         events = stats if host_tier is None else KeepingHostCopies(stats, host_tier)
         self.releaser = PinReleaser(self.pins, ledger, events, self.queue,
                                     pressure=PressureRule.named(config.pressure_policy), now=self.now,
@@ -306,7 +307,7 @@ class PinController:
                 turn.resuming = None
                 if not had_pin:  # T: what turns that lost their cache waited
                     self.workload.queueing.add(self.now() - arrived)
-                loaded = tier.loaded_tokens(request.request_id) if (tier := self.maker.host_tier) else 0
+                loaded = self.host_tier.loaded_tokens(request.request_id) if self.host_tier else 0
                 self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens,
                                      resume_source(had_pin, loaded, num_cached_tokens))
         if turn is None or not turn.handed_over:  # (its allocation mostly did)
