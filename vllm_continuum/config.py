@@ -71,7 +71,7 @@ _sources: contextvars.ContextVar[tuple[str | None, bool]] = contextvars.ContextV
 # Settings for comparing rules (the lab's matrices, A/B runs): what ships is
 # what measured best, and an operator has no reason to change these.
 EXPERIMENTAL = frozenset({
-    "pressure_policy", "queue_order", "admission", "cold_start_samples",
+    "pressure_policy", "reloadable_pins_yield", "queue_order", "admission", "cold_start_samples",
     "duration_estimator", "prior_samples", "pin_cost", "duration_history",
     "queueing_window", "program_window", "prefill_profile",
 })
@@ -109,6 +109,13 @@ class ContinuumConfig(BaseSettings):
         "cannot be admitted because blocks are pinned gets them; pins are released, "
         "latest-arriving session first, until it fits. Both release pins before any "
         "preemption.",
+    )
+    reloadable_pins_yield: bool = Field(
+        True,
+        description="With vLLM's KV offload to host memory: under hold, a pin whose loss "
+        "costs a reload of at most a quarter of its prefill gives way to waiting requests as "
+        "under yield, while the host tier has been serving lost pins' next turns (80% of "
+        "their prompt tokens found cached). Without a host tier it changes nothing.",
     )
     queue_order: Literal["program_fcfs", "sessionless_first", "pinned_fcfs", "fcfs"] = Field(
         "sessionless_first",

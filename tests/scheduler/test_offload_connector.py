@@ -15,7 +15,10 @@ the connector holding no job and no request state.
   back through the deferred-free queue, with the connector on;
 - `reset_prefix_cache(reset_connector=True)` with pins and stores pending:
   pins released, the host tier emptied, the stale completions ignored, the
-  next turn computes its context again.
+  next turn computes its context again;
+- under hold, a pin the host tier would serve back gives way to a waiting
+  request once lost pins have been coming back from the cache, and only then
+  (core/reloadable.py).
 
 And what the pin rules read of the connector (adapter/host_tier.py): what
 the host tier holds of a pinned context (its prompt's blocks: outputs are
@@ -52,14 +55,17 @@ from vllm_continuum.adapter.host_tier import (
     ConnectorHostTier,
 )
 from vllm_continuum.config import load_config
+from vllm_continuum.core.pin_table import ReleaseReason
+from vllm_continuum.core.reloadable import MIN_SAMPLES
 
 PROMPT = 100  # tokens: 6 full blocks of 16, what the host tier stores of the turn
 
 
 def _build(model_dir, async_scheduling, num_blocks=96, hold=(), host_blocks=HOST_BLOCKS,
            **settings) -> ConnectorDriver:
-    config = load_config(use_env=False, ttl_policy="fixed", default_ttl_s=2.0,
-                         max_session_pinned_fraction=1.0, **settings)
+    settings = {"ttl_policy": "fixed", "default_ttl_s": 2.0, "max_session_pinned_fraction": 1.0,
+                **settings}
+    config = load_config(use_env=False, **settings)
     s = make_scheduler(model_dir, num_blocks=num_blocks, async_scheduling=async_scheduling,
                        kv_transfer_config=offload_transfer_config(host_blocks),
                        continuum_config=config)
@@ -83,7 +89,7 @@ def _drain(d: ConnectorDriver) -> None:
     d.until(lambda: not s.has_requests() and not d.worker.busy, max_steps=200)
     d.flush()
     assert connector_state(s) == (0, 0)
-    s.continuum.releaser.release_all("reset")
+    s.continuum.releaser.release_all(ReleaseReason.RESET)
     counts = audit(s)
     assert counts["free"] == counts["pool"], counts
 
@@ -228,4 +234,59 @@ def test_an_expired_pins_host_copy_is_kept_before_its_blocks_become_evictable(ti
     assert admitted_hit(d, t2) == (PROMPT // 16) * 16
     assert d.worker.loads[t2.request_id] == PROMPT // 16  # all of it from the host tier
     d.until(t2.is_finished)
+    _drain(d)
+
+
+def _lost_pins_come_back(d: ConnectorDriver, n: int) -> None:
+    """`n` programs whose tool (`quick`, TTL 0) is never pinned come back a
+    moment later: their next turns find their contexts cached, as the
+    reloadable rule measures it (nothing here tells it so)."""
+    for i in range(n):
+        t1 = d.add(make_request(tokens(100 + i, PROMPT), session=f"w{i}", max_tokens=16),
+                   tool_call_script(d, "quick"))
+        d.until(t1.is_finished)
+        d.flush()
+        t2 = d.add(next_turn(t1, extra=4), answer_script())
+        d.until(t2.is_finished)
+        d.flush()
+
+
+@pytest.mark.parametrize("served, rule, gives_way", [
+    (True, True, True),  # lost pins came back from the cache: the pin is a reload away
+    (False, True, False),  # too few to go by: kept, as the paper's hold keeps it
+    (True, False, False),  # `reloadable_pins_yield: false`: kept
+])
+def test_a_reloadable_pin_gives_way_while_the_host_tier_serves_lost_pins_back(
+        tiny_model_dir, async_scheduling, served, rule, gives_way):
+    """Pool of 63 blocks. A's pin holds 7 (TTL 100 s), a long one-shot runs
+    on 21 and grows; a one-shot of 38 blocks arrives: 35 are free. Under
+    hold a pin is kept while other work runs, so it waits for the runner; a
+    pin whose loss costs a reload gives way at once when the tier has been
+    serving lost pins back, and A's next turn then finds its context cached."""
+    d = _build(tiny_model_dir, async_scheduling, num_blocks=64, default_ttl_s=100.0,
+               tool_ttl_s={"quick": 0}, reloadable_pins_yield=rule)
+    s = d.scheduler
+    _lost_pins_come_back(d, MIN_SAMPLES if served else MIN_SAMPLES // 2)
+    reloadable = s.continuum.reloadable
+    assert (reloadable is not None) == rule
+    assert not rule or reloadable.tier_serves == served
+    t1 = _first_turn(d, "A")
+    pin = s.continuum.pins.get("A")
+    assert pin is not None and pin.reloadable == rule
+    runner = d.add(make_request(tokens(900, 20 * 16), max_tokens=150))
+    d.until(lambda: runner.status == RequestStatus.RUNNING)
+    late = d.add(make_request(tokens(901, 38 * 16), max_tokens=2))
+    d.step()
+    d.flush()
+    assert (late.status != RequestStatus.WAITING) == gives_way
+    assert s.continuum.pins.holds(pin) != gives_way
+    if gives_way:
+        assert s.continuum.stats.releases_by_reason.get("pressure") == 1
+        t2 = d.add(next_turn(t1, extra=8), answer_script())
+        assert admitted_hit(d, t2) >= (PROMPT // 16) * 16  # a reload (or the GPU's LRU), no prefill
+        assert s.continuum.stats.resume_sources.get("recomputed", 0) == 0
+        d.until(t2.is_finished)
+    else:
+        d.until(late.is_finished, max_steps=300)  # it waited for the runner, pin kept
+        assert runner.is_finished() and s.continuum.stats.releases_by_reason.get("pressure") is None
     _drain(d)

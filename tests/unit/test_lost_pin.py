@@ -1,5 +1,6 @@
 """A lost pin priced by the tier that would serve its next turn (core/lost_pin.py),
-and the retention rules that read that price."""
+the retention rules that read that price, and which pins are reloadable
+(core/reloadable.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
 from vllm_continuum.core.lost_pin import NOTHING_HELD, Held, held_by, lost_pin_s, resume_source
 from vllm_continuum.core.prefill_profile import PrefillProfile
+from vllm_continuum.core.reloadable import MIN_SAMPLES, RELOAD_SHARE, Reloadable
 from vllm_continuum.core.ttl import ContinuumTTLPolicy, TurnEnd
 from vllm_continuum.core.workload import WorkloadModel
 
@@ -81,3 +83,39 @@ def test_a_contested_pin_whose_loss_is_cheap_is_let_go_sooner():
     full = hazard.choose(TurnEnd("s", "t", 20_000)).ttl_s
     cheap = hazard.choose(TurnEnd("s", "t", 20_000, held=Held(19_900, 0.02))).ttl_s
     assert full == 20.0 and cheap < full
+
+
+# --- reloadable pins (core/reloadable.py) ---------------------------------------------------
+
+
+def test_a_pin_is_reloadable_when_losing_it_costs_a_reload_not_a_prefill():
+    rule = Reloadable(PROFILE)
+    full = PROFILE.seconds(70_000)
+    assert rule.priced(70_000, Held(70_000, 0.07))
+    assert rule.priced(70_000, Held(69_000, 0.069))  # the outputs recomputed: cheap still
+    # Half of it held: the other half's prefill costs more than a quarter of the whole.
+    half = Held(35_000, 0.035)
+    assert lost_pin_s(PROFILE, 70_000, half) > RELOAD_SHARE * full and not rule.priced(70_000, half)
+    assert not rule.priced(70_000, NOTHING_HELD)
+    # A slow link: the reload itself costs more than a quarter of the prefill.
+    assert not rule.priced(70_000, Held(70_000, full / 2))
+
+
+def test_the_tier_is_trusted_only_after_it_served_lost_pins_back():
+    rule = Reloadable(PROFILE, window=32)
+    for _ in range(MIN_SAMPLES - 1):
+        rule.resumed_without_pin(1000, 1000)
+    assert not rule.tier_serves  # too few to go by
+    rule.resumed_without_pin(1000, 950)
+    assert rule.tier_serves and rule.served_share == pytest.approx((15_000 + 950) / 16_000)
+    # Contexts that come back recomputed (a tier too small for the traffic) switch it off...
+    for _ in range(16):
+        rule.resumed_without_pin(1000, 100)
+    assert rule.served_share == pytest.approx((15_950 + 1_600) / 32_000) and not rule.tier_serves
+    # ...and the window forgets the old ones: only the last 32 count.
+    for _ in range(32):
+        rule.resumed_without_pin(1000, 1000)
+    assert rule.served_share == 1.0 and rule.tier_serves
+    rule.resumed_without_pin(0, 0)  # nothing to judge by: ignored
+    rule.resumed_without_pin(10, 50)  # a claim past the prompt counts as the prompt
+    assert rule.served_share == 1.0

@@ -175,6 +175,19 @@ def test_release_order_latest_program_first():
     assert [p.session_id for p in table.release_order()] == ["b", "c", "a"]
 
 
+def test_reloadable_pins_have_their_own_release_order():
+    """Only reloadable pins, latest program first; a removed one is skipped."""
+    table = PinTable()
+    pins = {}
+    for session, arrival, reloadable in [("a", 1, True), ("b", 3, False), ("c", 2, True), ("d", 4, True)]:
+        pins[session] = pin(session, arrival=arrival)
+        pins[session].reloadable = reloadable
+        table.add(pins[session])
+    assert [p.session_id for p in table.reloadable_release_order()] == ["d", "c", "a"]
+    table.remove(pins["d"])
+    assert [p.session_id for p in table.reloadable_release_order()] == ["c", "a"]
+
+
 # ------------------------------------------------------------- pressure choice
 def test_pins_to_release_takes_the_fewest_that_cover_the_shortfall():
     later, mid, early = pin("c", ids=[1, 2, 3]), pin("b", ids=[4, 5]), pin("a", ids=[6])

@@ -41,7 +41,9 @@ from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
 from vllm_continuum.core.pin_value import PoolState
 from vllm_continuum.core.pressure import PressureRule
 from vllm_continuum.core.program_order import ProgramOrder
+from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.queue_rules import QueueRules
+from vllm_continuum.core.reloadable import Reloadable
 from vllm_continuum.core.programs import Program, ProgramTable
 from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.sessions import session_key
@@ -159,16 +161,20 @@ class PinController:
         revisit = self._revisit if hasattr(policy, "revisit") else None
         self.host_tier = host_tier
         events = stats if host_tier is None else KeepingHostCopies(stats, host_tier)
+        # Which pins the host tier would serve back (none without one, or with the rule off).
+        self.reloadable = (Reloadable(PrefillProfile.load_or_default(config.prefill_profile))
+                           if host_tier is not None and config.reloadable_pins_yield else None)
+        reloads_serve = (lambda: self.reloadable.tier_serves) if self.reloadable else (lambda: False)
         self.releaser = PinReleaser(self.pins, ledger, events, self.queue,
                                     pressure=PressureRule.named(config.pressure_policy), now=self.now,
                                     step=lambda: self.step,
-                                    on_gone=self._pin_gone, revisit=revisit)
+                                    on_gone=self._pin_gone, revisit=revisit, reloads_serve=reloads_serve)
         # `pool_state`: the pool's free blocks and waiting demand, for `pin_cost:
         # pressure` (None: unknown, Eq. 2's cost), read only when a pin is decided.
         self.maker = PinMaker(config, policy, self.pins, ledger, self.releaser, self.queue, stats,
                               block_size=block_size, hash_block_size=hash_block_size,
                               one_kv_group=one_kv_group, pool_state=pool_state, now=self.now,
-                              host_tier=host_tier)
+                              host_tier=host_tier, reloadable=self.reloadable)
 
     # ------------------------------------------------------------ front door
     def lane_queue(self, queue_cls: type[LaneQueue]) -> LaneQueue:
@@ -307,6 +313,8 @@ class PinController:
                 turn.resuming = None
                 if not had_pin:  # T: what turns that lost their cache waited
                     self.workload.queueing.add(self.now() - arrived)
+                    if self.reloadable is not None:
+                        self.reloadable.resumed_without_pin(request.num_prompt_tokens, num_cached_tokens)
                 loaded = self.host_tier.loaded_tokens(request.request_id) if self.host_tier else 0
                 self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens,
                                      resume_source(had_pin, loaded, num_cached_tokens))

@@ -31,6 +31,7 @@ from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
 from vllm_continuum.core.pin_value import PoolState, demand_exceeds_free, marginal_blocks
 from vllm_continuum.core.programs import Program
 from vllm_continuum.core.queue_rules import QueueRules
+from vllm_continuum.core.reloadable import Reloadable
 from vllm_continuum.core.ttl import TTLPolicy, TurnEnd
 from vllm_continuum.core.turn import TurnRequest
 
@@ -63,18 +64,20 @@ class PinMaker:
         pool_state: Callable[[Callable[[TurnRequest], bool]], PoolState | None],
         now: Callable[[], float],
         host_tier: HostTier | None = None,
+        reloadable: Reloadable | None = None,
     ) -> None:
         """`one_kv_group`: else a pin cannot keep only its first blocks;
         `pool_state(counted)`: the pool's free blocks and the demand of the
         waiting requests `counted` says are a pin's cost (None: unknown); `now`:
-        the controller's clock; `host_tier`: vLLM's KV offload, if on."""
+        the controller's clock; `host_tier`: vLLM's KV offload, if on;
+        `reloadable`: which pins the host tier would serve back (reloadable.py)."""
         self.config, self.ttl_policy = config, ttl_policy
         self.pins, self.ledger, self.releaser, self.queue, self.stats = pins, ledger, releaser, queue, stats
         self.block_size, self.hash_block_size = block_size, hash_block_size
         self.hashes_per_block = hashes_per_block(block_size, hash_block_size)
         self.one_kv_group = one_kv_group
         self.pool_state, self.now = pool_state, now
-        self.host_tier = host_tier
+        self.host_tier, self.reloadable = host_tier, reloadable
 
     def pin(self, request: TurnRequest, session: str, tool: str, hints: Hints,
             program: Program) -> Pin | None:
@@ -138,6 +141,7 @@ class PinMaker:
             context_tokens=kept_tokens,
             program=program,
             held=held,
+            reloadable=self.reloadable is not None and self.reloadable.priced(kept_tokens, held),
         )
         self.pins.add(pin)
         self.stats.on_pin(pin)

@@ -97,6 +97,8 @@ class Pin:
     program: object = field(default=None, compare=False)  # the program whose context it holds (programs.py)
     # Of them, what a host tier held when the pin was made (lost_pin.py).
     held: Held = NOTHING_HELD
+    # Losing it costs a reload, not a prefill: it may give way under hold (reloadable.py).
+    reloadable: bool = False
     # Queued requests (by id) whose context it holds: the pinned lane's turns.
     waiters: dict[str, object] = field(default_factory=dict, compare=False)
     block_id_set: frozenset[int] = field(init=False, repr=False, compare=False)
@@ -152,6 +154,7 @@ class PinTable:
         self._release = RunHeap()
         self._oldest = RunHeap()
         self._contested = RunHeap()
+        self._reloadable = RunHeap()  # release order, reloadable pins only
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -226,6 +229,8 @@ class PinTable:
         self._deadlines.push((pin.expires_at, pin.seq, pin.request_id))
         self._release.push((-pin.program_arrival, -pin.seq, pin.seq, pin.request_id))
         self._oldest.push((pin.program_arrival, pin.seq, pin.seq, pin.request_id))
+        if pin.reloadable:
+            self._reloadable.push((-pin.program_arrival, -pin.seq, pin.seq, pin.request_id))
         if pin.contested_at != math.inf:
             self._contested.push((pin.contested_at, pin.seq, pin.request_id))
 
@@ -314,6 +319,10 @@ class PinTable:
         """Pins of the earliest-arriving program first (lazy, as release_order)."""
         return self._walk(self._oldest)
 
+    def reloadable_release_order(self) -> Iterator[Pin]:
+        """Reloadable pins only, in release order (lazy, as release_order)."""
+        return self._walk(self._reloadable)
+
     def by_contested_ttl(self) -> Iterator[Pin]:
         """Pins that have a contested TTL, the earliest first (lazy)."""
         return self._walk(self._contested)
@@ -332,7 +341,7 @@ class PinTable:
 
     def _compact(self) -> None:
         """Drop stale heap entries once they outnumber the live ones."""
-        for heap in (self._deadlines, self._release, self._oldest, self._contested):
+        for heap in (self._deadlines, self._release, self._oldest, self._contested, self._reloadable):
             if len(heap) > 4 * len(self._pins) + 64:
                 heap.keep(lambda e: self._live(e[-2], e[-1]) is not None)
 

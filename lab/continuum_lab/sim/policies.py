@@ -149,13 +149,20 @@ ORDERS: dict[str, dict[str, str]] = {
 ORDERS |= {f"order-service-{n}": {"PROGRAM_ORDER": "service", "PROGRAM_SERVICE_LEVELS": str(n)}
            for n in (2, 3, 4)}
 
+# With a host tier (`NAME+offload-TIER`, issue 47): `keep-reloadable` is what
+# ships but for `reloadable_pins_yield` (core/reloadable.py), off: under hold
+# every pin is kept, whatever the host tier would serve back.
+OFFLOAD_RULES: dict[str, dict[str, str]] = {
+    "keep-reloadable": {"RELOADABLE_PINS_YIELD": "false"},
+}
+
 # Baseline label -> its TTL policy ("oracle*" get an oracle TTL policy, oracle.py).
 BASELINES = {"continuum": "continuum", "fixed": "fixed", "forever": "forever",
              "oracle": "never", "oracle-hindsight": "never", "oracle-eq2": "never"}
 # Every label that runs our scheduler: what ships ("default"), the baselines, the candidates.
 PINNING = {"default": {}} | {
     name: {"TTL_POLICY": ttl, **PAPER} for name, ttl in BASELINES.items()
-} | CANDIDATES | RELAXED | SLOW_TOOLS | ORDERS
+} | CANDIDATES | RELAXED | SLOW_TOOLS | ORDERS | OFFLOAD_RULES
 
 # name -> (continuum scheduler?, CONTINUUM_* settings). A plain name runs under
 # the configured pressure policy; NAME-yield / NAME-hold pick one.
