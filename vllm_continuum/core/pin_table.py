@@ -130,8 +130,9 @@ class PinTable:
       that finding the pins a prompt continues (or holds) looks up either the
       prompt's hashes or the session's pins, whichever are fewer;
     - distinct blocks with their reference counts, in all and per session;
-    - by deadline (expiry), and in release order (a heap walked lazily:
-      taking the first k pins in that order costs O(k log k)).
+    - by deadline (expiry), and in release order, of all pins and of the
+      reloadable ones (heaps walked lazily: taking the first k pins in such
+      an order costs O(k log k)).
     """
 
     def __init__(self) -> None:
