@@ -162,7 +162,7 @@ class ContinuumConfig(BaseSettings):
         "way to it under either pressure policy.",
     )
     max_turn_delay_s: float = Field(
-        120.0,
+        300.0,
         ge=0,
         description="Turn bound (of a session's turns under admission: program): once "
         "pins of later programs have kept memory a turn needed (or a later program's turn "
