@@ -161,9 +161,12 @@ class PinController:
         revisit = self._revisit if hasattr(policy, "revisit") else None
         self.host_tier = host_tier
         events = stats if host_tier is None else KeepingHostCopies(stats, host_tier)
-        # Which pins the host tier would serve back (none without one, or with the rule off).
-        self.reloadable = (Reloadable(PrefillProfile.load_or_default(config.prefill_profile))
-                           if host_tier is not None and config.reloadable_pins_yield else None)
+        # Which pins the host tier would serve back (none without one, or with the rule off),
+        # priced by the TTL rule's prefill profile if it has one.
+        self.reloadable = None
+        if host_tier is not None and config.reloadable_pins_yield:
+            profile = getattr(policy, "profile", None) or PrefillProfile.load_or_default(config.prefill_profile)
+            self.reloadable = Reloadable(profile)
         reloads_serve = (lambda: self.reloadable.tier_serves) if self.reloadable else (lambda: False)
         self.releaser = PinReleaser(self.pins, ledger, events, self.queue,
                                     pressure=PressureRule.named(config.pressure_policy), now=self.now,
