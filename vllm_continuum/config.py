@@ -114,8 +114,8 @@ class ContinuumConfig(BaseSettings):
         True,
         description="With vLLM's KV offload to host memory: under hold, a pin whose loss "
         "costs a reload of at most a quarter of its prefill gives way to waiting requests as "
-        "under yield, while the host tier has been serving lost pins' next turns (80% of "
-        "their prompt tokens found cached). Without a host tier it changes nothing.",
+        "under yield, when the host tier has been serving its tenant's lost pins' next turns "
+        "(80% of their prompt tokens found cached). Without a host tier it changes nothing.",
     )
     queue_order: Literal["program_fcfs", "sessionless_first", "pinned_fcfs", "fcfs"] = Field(
         "sessionless_first",

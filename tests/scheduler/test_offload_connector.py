@@ -237,24 +237,25 @@ def test_an_expired_pins_host_copy_is_kept_before_its_blocks_become_evictable(ti
     _drain(d)
 
 
-def _lost_pins_come_back(d: ConnectorDriver, n: int) -> None:
-    """`n` programs whose tool (`quick`, TTL 0) is never pinned come back a
-    moment later: their next turns find their contexts cached, as the
-    reloadable rule measures it (nothing here tells it so)."""
+def _lost_pins_come_back(d: ConnectorDriver, n: int, salt: str | None = None) -> None:
+    """`n` programs (of tenant `salt`) whose tool (`quick`, TTL 0) is never
+    pinned come back a moment later: their next turns find their contexts
+    cached, as the reloadable rule measures it (nothing here tells it so)."""
     for i in range(n):
-        t1 = d.add(make_request(tokens(100 + i, PROMPT), session=f"w{i}", max_tokens=16),
-                   tool_call_script(d, "quick"))
+        t1 = d.add(make_request(tokens(100 + i, PROMPT), session=f"w{i}", max_tokens=16,
+                                cache_salt=salt), tool_call_script(d, "quick"))
         d.until(t1.is_finished)
         d.flush()
-        t2 = d.add(next_turn(t1, extra=4), answer_script())
+        t2 = d.add(next_turn(t1, extra=4, cache_salt=salt), answer_script())
         d.until(t2.is_finished)
         d.flush()
 
 
 @pytest.mark.parametrize("served, rule, gives_way", [
-    (True, True, True),  # lost pins came back from the cache: the pin is a reload away
-    (False, True, False),  # too few to go by: kept, as the paper's hold keeps it
-    (True, False, False),  # `reloadable_pins_yield: false`: kept
+    ("A's", True, True),  # its tenant's lost pins came back from the cache: a reload away
+    ("too few", True, False),  # too few to go by: kept, as the paper's hold keeps it
+    ("another tenant's", True, False),  # only another tenant's came back: kept
+    ("A's", False, False),  # `reloadable_pins_yield: false`: kept
 ])
 def test_a_reloadable_pin_gives_way_while_the_host_tier_serves_lost_pins_back(
         tiny_model_dir, async_scheduling, served, rule, gives_way):
@@ -262,17 +263,18 @@ def test_a_reloadable_pin_gives_way_while_the_host_tier_serves_lost_pins_back(
     on 21 and grows; a one-shot of 38 blocks arrives: 35 are free. Under
     hold a pin is kept while other work runs, so it waits for the runner; a
     pin whose loss costs a reload gives way at once when the tier has been
-    serving lost pins back, and A's next turn then finds its context cached."""
+    serving its tenant's lost pins back (those of another tenant, a
+    `cache_salt`, count for that tenant only), and A's next turn then finds
+    its context cached."""
     d = _build(tiny_model_dir, async_scheduling, num_blocks=64, default_ttl_s=100.0,
                tool_ttl_s={"quick": 0}, reloadable_pins_yield=rule)
     s = d.scheduler
-    _lost_pins_come_back(d, MIN_SAMPLES if served else MIN_SAMPLES // 2)
-    reloadable = s.continuum.reloadable
-    assert (reloadable is not None) == rule
-    assert not rule or reloadable.tier_serves == served
+    _lost_pins_come_back(d, MIN_SAMPLES // 2 if served == "too few" else MIN_SAMPLES,
+                         salt="other" if served == "another tenant's" else None)
+    assert (s.continuum.reloadable is not None) == rule
     t1 = _first_turn(d, "A")
     pin = s.continuum.pins.get("A")
-    assert pin is not None and pin.reloadable == rule
+    assert pin is not None and pin.reloadable == gives_way
     runner = d.add(make_request(tokens(900, 20 * 16), max_tokens=150))
     d.until(lambda: runner.status == RequestStatus.RUNNING)
     late = d.add(make_request(tokens(901, 38 * 16), max_tokens=2))

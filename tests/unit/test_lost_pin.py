@@ -103,19 +103,37 @@ def test_a_pin_is_reloadable_when_losing_it_costs_a_reload_not_a_prefill():
 
 def test_the_tier_is_trusted_only_after_it_served_lost_pins_back():
     rule = Reloadable(PROFILE, window=32)
+    held = Held(70_000, 0.07)
     for _ in range(MIN_SAMPLES - 1):
-        rule.resumed_without_pin(1000, 1000)
-    assert not rule.tier_serves  # too few to go by
-    rule.resumed_without_pin(1000, 950)
-    assert rule.tier_serves and rule.served_share == pytest.approx((15_000 + 950) / 16_000)
+        rule.resumed_without_pin(None, 1000, 1000)
+    assert not rule.gives_way(None, 70_000, held)  # too few to go by
+    rule.resumed_without_pin(None, 1000, 950)
+    served = rule.served(None)
+    assert served.trusted and served.share == pytest.approx((15_000 + 950) / 16_000)
+    assert rule.gives_way(None, 70_000, held) and not rule.gives_way(None, 70_000, NOTHING_HELD)
     # Contexts that come back recomputed (a tier too small for the traffic) switch it off...
     for _ in range(16):
-        rule.resumed_without_pin(1000, 100)
-    assert rule.served_share == pytest.approx((15_950 + 1_600) / 32_000) and not rule.tier_serves
+        rule.resumed_without_pin(None, 1000, 100)
+    assert served.share == pytest.approx((15_950 + 1_600) / 32_000) and not served.trusted
     # ...and the window forgets the old ones: only the last 32 count.
     for _ in range(32):
-        rule.resumed_without_pin(1000, 1000)
-    assert rule.served_share == 1.0 and rule.tier_serves
-    rule.resumed_without_pin(0, 0)  # nothing to judge by: ignored
-    rule.resumed_without_pin(10, 50)  # a claim past the prompt counts as the prompt
-    assert rule.served_share == 1.0
+        rule.resumed_without_pin(None, 1000, 1000)
+    assert served.share == 1.0 and served.trusted
+    rule.resumed_without_pin(None, 0, 0)  # nothing to judge by: ignored
+    rule.resumed_without_pin(None, 10, 50)  # a claim past the prompt counts as the prompt
+    assert served.share == 1.0
+
+
+def test_one_tenants_resumes_make_no_other_tenants_pins_give_way():
+    """The share is kept per tenant (cache_salt) and a pin reads its own; a
+    flood of salts forgets the least recent salted tenants, whose pins are
+    then kept (no evidence), never given up."""
+    rule = Reloadable(PROFILE, max_tenants=2)
+    held = Held(70_000, 0.07)
+    for _ in range(MIN_SAMPLES):
+        rule.resumed_without_pin("a", 1000, 1000)
+    assert rule.gives_way("a", 70_000, held)
+    assert not rule.gives_way(None, 70_000, held) and not rule.gives_way("b", 70_000, held)
+    for salt in ("b", "c"):  # a third salted tenant: "a", the least recent, is forgotten
+        rule.resumed_without_pin(salt, 1000, 1000)
+    assert rule.served("a") is None and not rule.gives_way("a", 70_000, held)

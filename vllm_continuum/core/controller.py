@@ -167,11 +167,10 @@ class PinController:
         if host_tier is not None and config.reloadable_pins_yield:
             profile = getattr(policy, "profile", None) or PrefillProfile.load_or_default(config.prefill_profile)
             self.reloadable = Reloadable(profile)
-        reloads_serve = (lambda: self.reloadable.tier_serves) if self.reloadable else (lambda: False)
         self.releaser = PinReleaser(self.pins, ledger, events, self.queue,
                                     pressure=PressureRule.named(config.pressure_policy), now=self.now,
                                     step=lambda: self.step,
-                                    on_gone=self._pin_gone, revisit=revisit, reloads_serve=reloads_serve)
+                                    on_gone=self._pin_gone, revisit=revisit)
         # `pool_state`: the pool's free blocks and waiting demand, for `pin_cost:
         # pressure` (None: unknown, Eq. 2's cost), read only when a pin is decided.
         self.maker = PinMaker(config, policy, self.pins, ledger, self.releaser, self.queue, stats,
@@ -317,7 +316,8 @@ class PinController:
                 if not had_pin:  # T: what turns that lost their cache waited
                     self.workload.queueing.add(self.now() - arrived)
                     if self.reloadable is not None:
-                        self.reloadable.resumed_without_pin(request.num_prompt_tokens, num_cached_tokens)
+                        self.reloadable.resumed_without_pin(turn.program.tenant, request.num_prompt_tokens,
+                                                            num_cached_tokens)
                 loaded = self.host_tier.loaded_tokens(request.request_id) if self.host_tier else 0
                 self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens,
                                      resume_source(had_pin, loaded, num_cached_tokens))

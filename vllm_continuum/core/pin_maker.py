@@ -141,7 +141,7 @@ class PinMaker:
             context_tokens=kept_tokens,
             program=program,
             held=held,
-            reloadable=self.reloadable is not None and self.reloadable.priced(kept_tokens, held),
+            reloadable=self.reloadable is not None and self.reloadable.gives_way(program.tenant, kept_tokens, held),
         )
         self.pins.add(pin)
         self.stats.on_pin(pin)

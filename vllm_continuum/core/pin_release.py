@@ -17,8 +17,8 @@
   allocation is retried once; if it fails anyway, nothing was released.
   A turn whose turn bound passed also takes pins of programs that arrived
   after its own; a turn that such pins hold back starts its turn bound.
-  With a host tier that serves lost pins back, reloadable pins give way to
-  any waiting request, as under yield (reloadable.py).
+  With a host tier that serves its tenant's lost pins back, a reloadable
+  pin gives way to any waiting request, as under yield (reloadable.py).
 
 Each operation reads pins in one of the table's orders, lazily, only as far
 as it needs: its cost does not grow with the pins it does not touch.
@@ -62,18 +62,16 @@ class PinReleaser:
         step: Callable[[], int],
         on_gone: Callable[[Pin], None],
         revisit: Callable[[Pin, float], float] | None = None,
-        reloads_serve: Callable[[], bool] = lambda: False,
     ) -> None:
         """`queue`: who is overdue or entitled, and the order and bounds it
         reads; `now`: the controller's clock; `step`: the scheduling steps so far (an expired pin's grace is
         one of them); `on_gone(pin)`: a pin left the table (its waiting turns
-        change lane); `reloads_serve()`: whether reloadable pins give way now."""
+        change lane)."""
         self.pins, self.ledger, self.stats, self.queue = pins, ledger, stats, queue
         self.pressure = pressure
         self.now, self._step, self._on_gone = now, step, on_gone
         # `revisit(pin, now)`: how much longer a revisable pin past its TTL is held (0: not).
         self._revisit = revisit
-        self._reloads_serve = reloads_serve
 
     def release(self, pin: Pin, reason: ReleaseReason) -> None:
         if not self.pins.remove(pin):
@@ -157,8 +155,7 @@ class PinReleaser:
         """Under hold, the pins that give way to `request` anyway, lazily: pins
         of later programs once its turn bound passed, pins of programs that
         lost their precedence, (for a request entitled to pinned memory) pins
-        past their contested TTL, and reloadable pins while the host tier
-        serves them back."""
+        past their contested TTL, and reloadable pins (reloadable.py)."""
         queue, now = self.queue, self.now()
         later = iter(())
         if waiting and queue.turn_overdue(request):
@@ -168,8 +165,8 @@ class PinReleaser:
         contested = iter(())
         if queue.entitled(request):
             contested = takewhile(lambda p: p.contested_at <= now, self.pins.by_contested_ttl())
-        reloadable = self.pins.reloadable_release_order() if self._reloads_serve() else iter(())
         seen: set[int] = set()
+        reloadable = self.pins.reloadable_release_order()  # (none without a host tier)
         for pin in self._releasable(chain(later, lost, contested, reloadable)):
             if id(pin) not in seen:
                 seen.add(id(pin))

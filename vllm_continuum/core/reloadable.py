@@ -21,15 +21,24 @@ and keeping it makes the requests behind it wait for nothing. Such a pin is
   pins (`hold` measured 3.03x over stock + offload there, `yield` 1.97x)
   and a 3x one lets them go (docs/benchmarks.md, issue 47).
 
+The share is kept per tenant (a request's `cache_salt`, tool_stats.py),
+and a pin is judged when it is made, by its own tenant's share: one
+client's turns cannot make another tenant's pins give way. Bounded as the
+tool statistics are: the unsalted tenant and the `MAX_TENANTS` salted ones
+most recently heard from; a forgotten tenant has no evidence, so its pins
+are kept (a flood of salts can only make pins be held, as the paper's
+`hold` holds them).
+
 Without a host tier no pin is reloadable: `hold` is exactly the paper's.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
 from vllm_continuum.core.lost_pin import Held, lost_pin_s
 from vllm_continuum.core.prefill_profile import PrefillProfile
+from vllm_continuum.core.tool_stats import MAX_TENANTS, Tenant, salted_entry
 
 RELOAD_SHARE = 0.25  # a reload cheaper than a quarter of the prefill it replaces
 SERVED_SHARE = 0.8  # of lost pins' prompts, found cached when their next turn came
@@ -37,23 +46,17 @@ WINDOW = 64  # resumes without a pin the share is measured over
 MIN_SAMPLES = 16  # until then, the tier is not trusted (every pin is kept)
 
 
-class Reloadable:
-    def __init__(self, profile: PrefillProfile, *, window: int = WINDOW) -> None:
-        self.profile = profile
+class ServedShare:
+    """One tenant's last `window` resumes without a pin: the share of their
+    prompt tokens found cached."""
+
+    __slots__ = ("_resumes", "_prompt", "_cached")
+
+    def __init__(self, window: int) -> None:
         self._resumes: deque[tuple[int, int]] = deque(maxlen=window)  # (prompt, cached) tokens
         self._prompt = self._cached = 0  # sums over the window
 
-    def priced(self, context_tokens: int, held: Held) -> bool:
-        """Whether losing a pin of this context costs at most RELOAD_SHARE of its prefill."""
-        if held.tokens <= 0:
-            return False
-        full = self.profile.seconds(context_tokens)
-        return lost_pin_s(self.profile, context_tokens, held) <= RELOAD_SHARE * full
-
-    def resumed_without_pin(self, prompt_tokens: int, cached_tokens: int) -> None:
-        """A turn that continued its program without a pin was admitted."""
-        if prompt_tokens <= 0:
-            return
+    def add(self, prompt_tokens: int, cached_tokens: int) -> None:
         if len(self._resumes) == self._resumes.maxlen:
             old_prompt, old_cached = self._resumes[0]
             self._prompt -= old_prompt
@@ -64,10 +67,42 @@ class Reloadable:
         self._cached += cached
 
     @property
-    def served_share(self) -> float:
+    def share(self) -> float:
         return self._cached / self._prompt if self._prompt else 0.0
 
     @property
-    def tier_serves(self) -> bool:
+    def trusted(self) -> bool:
         """Whether lost pins' contexts have been coming back from the cache."""
-        return len(self._resumes) >= MIN_SAMPLES and self.served_share >= SERVED_SHARE
+        return len(self._resumes) >= MIN_SAMPLES and self.share >= SERVED_SHARE
+
+
+class Reloadable:
+    def __init__(self, profile: PrefillProfile, *, window: int = WINDOW,
+                 max_tenants: int = MAX_TENANTS) -> None:
+        self.profile, self.window, self.max_tenants = profile, window, max_tenants
+        self._unsalted = ServedShare(window)
+        self._salted: OrderedDict[str, ServedShare] = OrderedDict()
+
+    def priced(self, context_tokens: int, held: Held) -> bool:
+        """Whether losing a pin of this context costs at most RELOAD_SHARE of its prefill."""
+        if held.tokens <= 0:
+            return False
+        full = self.profile.seconds(context_tokens)
+        return lost_pin_s(self.profile, context_tokens, held) <= RELOAD_SHARE * full
+
+    def gives_way(self, tenant: Tenant, context_tokens: int, held: Held) -> bool:
+        """A pin of `tenant`'s being made: whether it is reloadable."""
+        served = self.served(tenant)
+        return served is not None and served.trusted and self.priced(context_tokens, held)
+
+    def served(self, tenant: Tenant) -> ServedShare | None:
+        """The tenant's share, if it has one. O(1); reads change nothing."""
+        return self._unsalted if tenant is None else self._salted.get(tenant)
+
+    def resumed_without_pin(self, tenant: Tenant, prompt_tokens: int, cached_tokens: int) -> None:
+        """A turn of `tenant` that continued its program without a pin was admitted."""
+        if prompt_tokens <= 0:
+            return
+        served = (self._unsalted if tenant is None else
+                  salted_entry(self._salted, tenant, self.max_tenants, lambda: ServedShare(self.window)))
+        served.add(prompt_tokens, cached_tokens)

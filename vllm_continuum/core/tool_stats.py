@@ -33,6 +33,19 @@ MAX_TENANTS = 16  # salted tenants whose statistics are kept
 TOOLS_PER_TENANT = 64  # tools kept per salted tenant (the unsalted one keeps 1,024)
 
 
+def salted_entry(table: OrderedDict, tenant: str, max_tenants: int, new):
+    """`table[tenant]`, made by `new()` if missing (the least recently used of
+    `max_tenants` forgotten first), and now the most recently used."""
+    entry = table.get(tenant)
+    if entry is None:
+        if len(table) >= max_tenants:
+            table.popitem(last=False)
+        entry = table[tenant] = new()
+    else:
+        table.move_to_end(tenant)
+    return entry
+
+
 class TenantTools:
     """One tenant's calls: durations per tool and over all its tools, and its
     calls in flight."""
@@ -67,14 +80,7 @@ class ToolStats:
         salted tenant forgotten past `max_tenants`)."""
         if tenant is None:
             return self._unsalted
-        tools = self._salted.get(tenant)
-        if tools is None:
-            if len(self._salted) >= self.max_tenants:
-                self._salted.popitem(last=False)
-            tools = self._salted[tenant] = self._new(tenant)
-        else:
-            self._salted.move_to_end(tenant)
-        return tools
+        return salted_entry(self._salted, tenant, self.max_tenants, lambda: self._new(tenant))
 
     def called(self, tenant: Tenant, session: str, tool: str, now: float) -> None:
         """A turn of `session` ended calling `tool`."""
