@@ -34,11 +34,12 @@ Without a host tier no pin is reloadable: `hold` is exactly the paper's.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 from vllm_continuum.core.lost_pin import Held, lost_pin_s
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.tool_stats import MAX_TENANTS, Tenant, salted_entry
+from vllm_continuum.core.workload import SlidingMean
 
 RELOAD_SHARE = 0.25  # a reload cheaper than a quarter of the prefill it replaces
 SERVED_SHARE = 0.8  # of lost pins' prompts, found cached when their next turn came
@@ -48,32 +49,26 @@ MIN_SAMPLES = 16  # until then, the tier is not trusted (every pin is kept)
 
 class ServedShare:
     """One tenant's last `window` resumes without a pin: the share of their
-    prompt tokens found cached."""
+    prompt tokens found cached (the same window of both sums)."""
 
-    __slots__ = ("_resumes", "_prompt", "_cached")
+    __slots__ = ("_prompt", "_cached")
 
     def __init__(self, window: int) -> None:
-        self._resumes: deque[tuple[int, int]] = deque(maxlen=window)  # (prompt, cached) tokens
-        self._prompt = self._cached = 0  # sums over the window
+        self._prompt, self._cached = SlidingMean(window), SlidingMean(window)
 
     def add(self, prompt_tokens: int, cached_tokens: int) -> None:
-        if len(self._resumes) == self._resumes.maxlen:
-            old_prompt, old_cached = self._resumes[0]
-            self._prompt -= old_prompt
-            self._cached -= old_cached
-        cached = min(cached_tokens, prompt_tokens)
-        self._resumes.append((prompt_tokens, cached))
-        self._prompt += prompt_tokens
-        self._cached += cached
+        self._prompt.add(prompt_tokens)
+        self._cached.add(min(cached_tokens, prompt_tokens))
 
     @property
     def share(self) -> float:
-        return self._cached / self._prompt if self._prompt else 0.0
+        prompt = self._prompt.mean
+        return self._cached.mean / prompt if prompt else 0.0
 
     @property
     def trusted(self) -> bool:
         """Whether lost pins' contexts have been coming back from the cache."""
-        return len(self._resumes) >= MIN_SAMPLES and self.share >= SERVED_SHARE
+        return len(self._prompt) >= MIN_SAMPLES and self.share >= SERVED_SHARE
 
 
 class Reloadable:
