@@ -61,6 +61,7 @@ from vllm_continuum.metrics.names import (
     PINNED_SESSIONS,
     PINS,
     PINS_REFUSED,
+    RELOADABLE_PINS,
     RESUME_CACHED_TOKENS,
     RESUME_PROMPT_TOKENS,
     RESUME_SOURCES,
@@ -251,10 +252,13 @@ def build() -> dashboard.Dashboard:
         f"Requests continuing a session per second, by source ({total(RESUME_SOURCES)}): pinned "
         "(its pin), host_tier (loaded from vLLM's KV offload to host memory), gpu_cache (found in "
         "vLLM's prefix cache), recomputed (none of it found). With KV offload on, beside them: "
-        f"seconds of host reload the resumed pins saved, per second ({total(PIN_RELOAD_SAVED_SECONDS)}).",
+        f"seconds of host reload the resumed pins saved, per second ({total(PIN_RELOAD_SAVED_SECONDS)}), "
+        f"and pins made reloadable ({total(RELOADABLE_PINS)}: the host tier serves their tenant's "
+        "lost pins back, so they give way to waiting requests), per second.",
         [
             q(f"sum by (source) ({rate(total(RESUME_SOURCES))})", "{{source}}", "A"),
             q(f"sum({rate(total(PIN_RELOAD_SAVED_SECONDS))})", "reload seconds saved / s", "B"),
+            q(f"sum({rate(total(RELOADABLE_PINS))})", "reloadable pins / s", "C"),
         ],
         "short",
     )

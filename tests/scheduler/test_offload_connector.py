@@ -275,6 +275,7 @@ def test_a_reloadable_pin_gives_way_while_the_host_tier_serves_lost_pins_back(
     t1 = _first_turn(d, "A")
     pin = s.continuum.pins.get("A")
     assert pin is not None and pin.reloadable == gives_way
+    assert s.continuum.stats.reloadable_pins == gives_way  # continuum_reloadable_pins_total
     runner = d.add(make_request(tokens(900, 20 * 16), max_tokens=150))
     d.until(lambda: runner.status == RequestStatus.RUNNING)
     late = d.add(make_request(tokens(901, 38 * 16), max_tokens=2))

@@ -78,10 +78,12 @@ class Engine:
         self.stats = ContinuumStats()
         self.queued: set[str] = set()
 
-    def pin(self, session: str, ttl: float, blocks: int = 5, tool: str = "search") -> Pin:
+    def pin(self, session: str, ttl: float, blocks: int = 5, tool: str = "search",
+            reloadable: bool = False) -> Pin:
         now = self.clock()
         ids = tuple(next(BLOCK_IDS) for _ in range(blocks))
-        pin = Pin(session, f"req-{session}", tool, [object()] * blocks, ids, now, now + ttl, now)
+        pin = Pin(session, f"req-{session}", tool, [object()] * blocks, ids, now, now + ttl, now,
+                  reloadable=reloadable)
         self.pins.add(pin)
         self.stats.on_ttl_decision(tool, ttl, "hint")
         self.stats.on_pin(pin)
@@ -319,6 +321,7 @@ def test_counters_and_labels_on_the_scrape(metrics_dir, clock):
     e = Engine(clock)
     p = e.pin("A", ttl=3, tool="web_search")
     p.held = Held(tokens=600, reload_s=0.25)  # vLLM's KV offload held its prompt too
+    e.pin("B", ttl=3, reloadable=True)  # ... and serves this tenant's lost pins back
     e.stats.on_tool_duration("web_search", 0.4)
     e.stats.on_resume(True, prompt_tokens=700, cached_tokens=640, source="pinned")
     e.stats.on_resume(False, prompt_tokens=100, cached_tokens=0, source="recomputed")
@@ -341,6 +344,7 @@ def test_counters_and_labels_on_the_scrape(metrics_dir, clock):
     assert s[("continuum_invalid_hints_total", ())] == 2
     assert s[("continuum_block_shortages_total", ())] == 1
     assert s[("continuum_pins_refused_total", ())] == 0
+    assert s[("continuum_reloadable_pins_total", ())] == 1
     assert s[("continuum_kv_pool_blocks", ())] == 63
     assert s[("continuum_ttl_seconds_bucket", (("le", "5.0"), ("tool", "web_search")))] == 1
     assert s[("continuum_ttl_seconds_bucket", (("le", "2.5"), ("tool", "web_search")))] == 0

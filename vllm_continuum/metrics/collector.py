@@ -68,6 +68,7 @@ class Totals:
         # Exist at zero from start-up: a server whose agents never pin shows it.
         self.session_turns: Counter[tuple[str, str]] = Counter({("answer", NO_CALL): 0})
         self.pins_refused = 0
+        self.reloadable_pins = 0
         self.block_shortages = 0
         self.affinity_misses = 0
         self.pin_outcomes_by_tool: Counter[tuple[str, str]] = Counter()
@@ -93,6 +94,7 @@ class Totals:
         for outcome, call_format, count in snap.get("session_turns", ()):
             self.session_turns[(str(outcome), str(call_format))] += int(count)
         self.pins_refused += int(snap.get("pins_refused", 0))
+        self.reloadable_pins += int(snap.get("reloadable_pins", 0))
         self.block_shortages += int(snap.get("block_shortages", 0))
         self.affinity_misses += int(snap.get("affinity_misses", 0))
         for tool, outcome, count in snap.get("pin_outcomes_by_tool", ()):
@@ -270,6 +272,13 @@ class ContinuumCollector:
             names.PINS_REFUSED,
             "Pins not made because they did not fit under max_pinned_fraction.",
             totals.pins_refused,
+        )
+        yield counter(
+            names.RELOADABLE_PINS,
+            "Pins made reloadable: vLLM's KV offload held their context and has been serving this "
+            "tenant's lost pins back, so they give way to waiting requests under pressure_policy "
+            "hold (reloadable_pins_yield). 0 without a host tier.",
+            totals.reloadable_pins,
         )
         yield counter(
             names.BLOCK_SHORTAGES,

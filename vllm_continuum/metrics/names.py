@@ -18,6 +18,7 @@ RESUME_CACHED_TOKENS = "continuum_resume_cached_tokens"
 INVALID_HINTS = "continuum_invalid_hints"
 AFFINITY_MISSES = "continuum_affinity_misses"
 PINS_REFUSED = "continuum_pins_refused"
+RELOADABLE_PINS = "continuum_reloadable_pins"
 BLOCK_SHORTAGES = "continuum_block_shortages"
 TOOL_PIN_OUTCOMES = "continuum_tool_pin_outcomes"  # tool, outcome: resumed, expired, other
 EXPIRED_PIN_BLOCK_SECONDS = "continuum_expired_pin_block_seconds"  # tool

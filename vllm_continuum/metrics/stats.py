@@ -59,6 +59,9 @@ class ContinuumStats:
     # or ("answer", "none").
     session_turns: Counter[tuple[str, str]] = field(default_factory=Counter)
     pins_refused_by_cap: int = 0
+    # Pins made reloadable: the host tier would serve them back, so they give
+    # way to waiting requests under hold (core/reloadable.py).
+    reloadable_pins: int = 0
     # Allocations that failed for lack of free blocks, before any pin was
     # released: while one is recent the pool is contested (hazard prices pins).
     block_shortages: int = 0
@@ -98,6 +101,7 @@ class ContinuumStats:
     # --- events ------------------------------------------------------------
     def on_pin(self, pin: Pin) -> None:
         self.pins_by_tool[self._tool_label(pin.tool)] += 1
+        self.reloadable_pins += pin.reloadable
         self._changes += 1
 
     def on_pin_refused(self, tool: str) -> None:
@@ -224,6 +228,7 @@ class ContinuumStats:
             "invalid_hints": self.invalid_hints,
             "session_turns": [[o, f, n] for (o, f), n in self.session_turns.items()],
             "pins_refused": self.pins_refused_by_cap,
+            "reloadable_pins": self.reloadable_pins,
             "block_shortages": self.block_shortages,
             "pin_outcomes_by_tool": [[t, o, n] for (t, o), n in self.pin_outcomes_by_tool.items()],
             "expired_block_seconds_by_tool": dict(self.expired_block_seconds_by_tool),
