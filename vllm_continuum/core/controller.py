@@ -18,6 +18,10 @@ program (`Turn`, `ProgramTable`, the workload model) over a
   its place, a pin past its contested TTL gave way (the learned TTL), or
   the session ended or aborted (`on_turn_end`).
 
+Between a turn's end and its blocks' free it waits in `pending_pins.py`;
+which queued turns continue which pin (the pinned lane) is
+`pinned_lane.py`'s bookkeeping.
+
 The waiting queue (`waiting_queue.py`) asks `queue` (`queue_rules.py`) for
 lanes, keys and who is overdue; those rules read the pins and turns kept
 here, at the step clock (`now`).
@@ -28,23 +32,24 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from vllm_continuum.core.hints import Hints, parse_hints
 from vllm_continuum.core.ledger import BlockLedger
 from vllm_continuum.core.lost_pin import HostTier, KeepingHostCopies, resume_source
+from vllm_continuum.core.pending_pins import PendingPin, PendingPins
 from vllm_continuum.core.pin_maker import PinMaker, PinMakerEvents
 from vllm_continuum.core.pin_release import PinReleaser, ReleaseEvents
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable, ReleaseReason
 from vllm_continuum.core.pin_value import PoolState
+from vllm_continuum.core.pinned_lane import PinnedLane
 from vllm_continuum.core.pressure import PressureRule
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.reloadable import Reloadable
-from vllm_continuum.core.programs import Program, ProgramTable
+from vllm_continuum.core.programs import ProgramTable
 from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.tool_calls import ToolCall
@@ -72,18 +77,6 @@ class PinEvents(PinMakerEvents, ReleaseEvents, Protocol):
     def on_tool_duration(self, tool: str, seconds: float) -> None: ...
     def on_ttl_revisit(self, tool: str, more_s: float) -> None: ...
     def on_blocks_short(self) -> None: ...
-
-
-@dataclass(slots=True)
-class PendingPin:
-    """A finished tool-call turn whose blocks have not been freed yet."""
-
-    session: str
-    tool: str
-    hints: Hints
-    program: Program
-    seq: int  # the controller's arrival count when it ended: later arrivals may continue it
-    superseded: bool = False  # its next turn was allocated meanwhile: it holds the context
 
 
 class PinController:
@@ -142,14 +135,10 @@ class PinController:
         self.programs = ProgramTable(config.max_tracked_sessions)
         self.order = program_order(config)
         self.turns: dict[str, Turn] = {}
-        # Requests of each session not admitted yet, in arrival order.
-        self._queued: dict[str, dict[str, TurnRequest]] = {}
-        # Turns that ended in a tool call, their blocks not freed yet: by request id, and per session.
-        self._pending: dict[str, PendingPin] = {}
-        self._pending_of: dict[str, dict[str, PendingPin]] = {}
+        self.lane = PinnedLane(self.turns, on_lane_change)  # queued turns, by the pin they continue
+        self.pending = PendingPins()  # tool-call turns that ended, their blocks not freed yet
         self._arrivals = itertools.count(1)
         self._seq = 0  # arrivals so far
-        self._on_lane_change = on_lane_change
         self.step = 0  # scheduling steps so far: an expired pin's grace is one of them
         self._step_time: float | None = None  # the clock as the step in progress began
         self._warned_hints: set[str] = set()
@@ -277,7 +266,6 @@ class PinController:
         session = turn.session = session_key(request.session_id)
         if session is None:
             return
-        self._queued.setdefault(session, {})[request.request_id] = request
         hashes = request.block_hashes
         program = self.programs.continued_by(session, hashes)
         pin = self.pins.pin_continued_by(session, hashes)
@@ -297,8 +285,7 @@ class PinController:
             self.stats.on_tool_duration(tool, seconds)
         if turn.continues:
             turn.resuming = (pin is not None, now)
-        if pin is not None:
-            self._attach(request, turn, pin)
+        self.lane.queued(request, turn, pin)
 
     def _end_idle_programs(self) -> None:
         for turns in self.programs.pop_idle(self.now(), self.config.program_idle_horizon_s):
@@ -309,7 +296,7 @@ class PinController:
         if turn is not None:
             turn.cached = num_cached_tokens
             self.queue.went_ahead(request, turn)
-            self._dequeued(request, turn)
+            self.lane.dequeued(request, turn)
             if turn.resuming is not None:
                 had_pin, arrived = turn.resuming
                 turn.resuming = None
@@ -342,7 +329,7 @@ class PinController:
         turn = self.turns.pop(request.request_id, None)
         if turn is None:
             return  # never seen arriving: nothing of ours
-        self._dequeued(request, turn)
+        self.lane.dequeued(request, turn)
         program = turn.program
         if program is None:  # no session
             return
@@ -375,9 +362,7 @@ class PinController:
                 self.releaser.release_continued(turn.session, hashes, ReleaseReason.ABORTED)
             return
         if self.pinning:
-            pending = PendingPin(turn.session, tool, hints, program, seq=self._seq)
-            self._pending[request.request_id] = pending
-            self._pending_of.setdefault(turn.session, {})[request.request_id] = pending
+            self.pending.add(request.request_id, PendingPin(turn.session, tool, hints, program, seq=self._seq))
 
     def on_blocks_freed(
         self, request: TurnRequest, aborted: bool, tool_called: ToolCallReader
@@ -386,10 +371,9 @@ class PinController:
         them (the adapter must not free them)."""
         if request.request_id in self.turns:  # freed without its end reported first
             self.on_turn_end(request, aborted, tool_called)
-        pending = self._pending.pop(request.request_id, None)
+        pending = self.pending.pop(request.request_id)
         if pending is None:
             return False
-        _discard(self._pending_of, pending.session, request.request_id)
         if pending.superseded:
             # Freed late (a connector sent the blocks first) after the next turn
             # was allocated: it holds the context already; a pin would only expire.
@@ -398,7 +382,7 @@ class PinController:
         if pin is None:
             return False
         pending.program.pins += 1
-        self._attach_late_arrivals(pin, pending.seq)
+        self.lane.pin_made(pin, pending.seq)
         return True
 
     def on_allocated(self, request: TurnRequest) -> None:
@@ -407,9 +391,7 @@ class PinController:
         schedules it this step or holds it while a connector loads its KV."""
         turn = self.turns.get(request.request_id)
         if turn is not None and turn.continues:
-            for pending in self._pending_of.get(turn.session, {}).values():  # blocks a connector holds
-                if pending.program is turn.program:
-                    pending.superseded = True
+            self.pending.supersede(turn.session, turn.program)  # blocks a connector holds
         self._hand_over(request, turn)
         if turn is not None:
             turn.handed_over = True
@@ -421,44 +403,11 @@ class PinController:
         if pin is not None and pin.request_id != request.request_id:
             self.releaser.release(pin, ReleaseReason.RESUMED)
 
-    # ------------------------------------------------- the pinned lane's turns
-    def _attach(self, request: TurnRequest, turn: Turn, pin) -> None:
-        """The queued `request` continues `pin`'s context: the pinned lane."""
-        turn.pin = pin
-        pin.waiters[request.request_id] = request
-
-    def _attach_late_arrivals(self, pin, ended_seq: int) -> None:
-        """A new pin: queued turns of its session that arrived after its turn
-        ended (a connector freed the blocks late) and continue it join the
-        pinned lane. Turns that arrived before cannot be its next turn: they
-        are not read, so a session's flood of queued requests costs nothing."""
-        queued = self._queued.get(pin.session_id)
-        if not queued:
-            return
-        for request_id in reversed(list(_tail_after(queued, self.turns, ended_seq))):
-            request, turn = queued[request_id], self.turns[request_id]
-            if turn.pin is None and pin.anchor.continued_by(request.block_hashes):
-                self._attach(request, turn, pin)
-                self._on_lane_change(request)
-
-    def _pin_gone(self, pin) -> None:
+    def _pin_gone(self, pin: Pin) -> None:
         """A pin left the table: its queued turns leave the pinned lane."""
         if pin.program is not None:
             pin.program.pins -= 1
-        for request_id, request in pin.waiters.items():
-            turn = self.turns.get(request_id)
-            if turn is not None and turn.pin is pin:
-                turn.pin = None
-                self._on_lane_change(request)
-        pin.waiters.clear()
-
-    def _dequeued(self, request: TurnRequest, turn: Turn) -> None:
-        """Admitted or finished: no longer a queued turn."""
-        if turn.pin is not None:
-            turn.pin.waiters.pop(request.request_id, None)
-            turn.pin = None
-        if turn.session is not None and turn.session in self._queued:
-            _discard(self._queued, turn.session, request.request_id)
+        self.lane.pin_gone(pin)
 
     # ------------------------------------------------------------ utilities
     def _count_invalid_hints(self, request_id: str, hints: Hints, extra) -> None:
@@ -474,20 +423,3 @@ class PinController:
             else:
                 logger.debug("continuum: ignoring invalid hint %s=%s", key, value)
 
-
-def _discard(index: dict[str, dict], key: str, member: str) -> None:
-    inner = index.get(key)
-    if inner is not None:
-        inner.pop(member, None)
-        if not inner:
-            del index[key]
-
-
-def _tail_after(queued: dict[str, TurnRequest], turns: dict[str, Turn], seq: int):
-    """Ids of the queued requests that arrived after arrival number `seq`,
-    newest first: O(those)."""
-    for request_id in reversed(queued):
-        turn = turns.get(request_id)
-        if turn is None or turn.seq <= seq:
-            return
-        yield request_id

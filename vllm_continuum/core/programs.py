@@ -39,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from vllm_continuum.core.indexes import discard
 from vllm_continuum.core.pin_table import Anchor
 
 
@@ -205,7 +206,7 @@ class ProgramTable:
     def _remove(self, program: Program) -> None:
         del program.table[program.key]
         program.table = None
-        _discard(self._by_session, program.session, program.key)
+        discard(self._by_session, program.session, program.key)
         self._unindex(program)
 
     def _move(self, program: Program, to: OrderedDict) -> None:
@@ -233,10 +234,3 @@ class ProgramTable:
                 if not by_hash:
                     del self._anchors[program.session]
 
-
-def _discard(index: dict, key, member) -> None:
-    inner = index.get(key)
-    if inner is not None:
-        inner.pop(member, None)
-        if not inner:
-            del index[key]
