@@ -14,7 +14,8 @@ from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core import hazard_ttl
 from vllm_continuum.core.hazard_ttl import HazardTTLPolicy, best_horizon
 from vllm_continuum.core.prefill_profile import PrefillProfile
-from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
+from vllm_continuum.core.ttl import TurnEnd
+from vllm_continuum.core.ttl_policies import make_ttl_policy
 from vllm_continuum.core.workload import CONTENTION_WINDOW_S, WorkloadModel
 
 # A profile whose reload is a flat 2 s: B = 2 s + T.

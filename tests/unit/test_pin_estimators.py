@@ -17,7 +17,8 @@ from vllm_continuum.core.pin_value import PoolState, marginal_blocks, pin_pressu
 from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.shrinkage import MixedCDF, shrunk_cdf, shrunk_mean
 from vllm_continuum.core.tool_calls import ToolCall
-from vllm_continuum.core.ttl import ContinuumTTLPolicy, TurnEnd, make_ttl_policy, optimal_ttl
+from vllm_continuum.core.ttl import ContinuumTTLPolicy, TurnEnd, optimal_ttl
+from vllm_continuum.core.ttl_policies import make_ttl_policy
 from vllm_continuum.core.workload import WorkloadModel
 from vllm_continuum.metrics.stats import ContinuumStats
 

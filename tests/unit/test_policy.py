@@ -16,7 +16,8 @@ from vllm_continuum.core.hints import NO_HINTS, parse_hints
 from vllm_continuum.core.pin_table import Anchor, Pin, PinTable
 from vllm_continuum.core.pressure import PressureRule, blocks_freed, pins_to_release
 from vllm_continuum.core.programs import ProgramTable
-from vllm_continuum.core.ttl import TurnEnd, make_ttl_policy
+from vllm_continuum.core.ttl import TurnEnd
+from vllm_continuum.core.ttl_policies import make_ttl_policy
 from vllm_continuum.core.waiting_bound import WaitingBound
 from vllm_continuum.core.waiting_queue import (
     AGING, PINNED, PREEMPTED, REGULAR, TURN_BOUND, WAITING_BOUND, LaneQueue,

@@ -15,9 +15,9 @@ from vllm_continuum.core.ttl import (
     ContinuumTTLPolicy,
     TurnEnd,
     exp1_ttl,
-    make_ttl_policy,
     optimal_ttl,
 )
+from vllm_continuum.core.ttl_policies import make_ttl_policy
 from vllm_continuum.core.workload import Memoryfulness, SlidingMean, WorkloadModel
 
 

@@ -45,7 +45,7 @@ from vllm_continuum.core.controller import PinController, ToolCallReader
 from vllm_continuum.core.program_order import ProgramOrder
 from vllm_continuum.core.tool_calls import ToolCallDetector, describe, vocab_token_id
 from vllm_continuum.core.tool_calls.forced import is_required_schema
-from vllm_continuum.core.ttl import make_ttl_policy
+from vllm_continuum.core.ttl_policies import make_ttl_policy
 from vllm_continuum.core.waiting_queue import LaneQueue
 from vllm_continuum.metrics.stats import ContinuumStats
 

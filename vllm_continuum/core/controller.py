@@ -53,7 +53,8 @@ from vllm_continuum.core.programs import ProgramTable
 from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.tool_calls import ToolCall
-from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy, make_ttl_policy
+from vllm_continuum.core.ttl import NeverTTLPolicy, TTLPolicy
+from vllm_continuum.core.ttl_policies import make_ttl_policy
 from vllm_continuum.core.turn import Turn, TurnRequest
 from vllm_continuum.core.waiting_queue import LaneQueue
 from vllm_continuum.core.workload import WorkloadModel

@@ -38,7 +38,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from vllm_continuum.config import ContinuumConfig
 from vllm_continuum.core.durations import ToolDurations
 from vllm_continuum.core.lost_pin import NOTHING_HELD, Held, lost_pin_s
 from vllm_continuum.core.pin_value import PoolState, pin_pressure
@@ -271,21 +270,3 @@ class ContinuumTTLPolicy(TTLPolicy):
         own = history.sorted
         return (lambda b: optimal_ttl(own, b)), benefit, "tool CDF"
 
-
-def make_ttl_policy(config: ContinuumConfig, workload: WorkloadModel) -> TTLPolicy:
-    if config.ttl_policy == "never":
-        return NeverTTLPolicy(config.max_ttl_s)
-    if config.ttl_policy == "forever":
-        return ForeverTTLPolicy(config.max_ttl_s)
-    if config.ttl_policy == "fixed":
-        return FixedTTLPolicy(config.default_ttl_s, config.tool_ttl_s, config.max_ttl_s)
-    if config.ttl_policy == "hazard":
-        from vllm_continuum.core.hazard_ttl import HazardTTLPolicy
-
-        return HazardTTLPolicy.from_config(config, workload)
-    profile = PrefillProfile.load_or_default(config.prefill_profile)
-    return ContinuumTTLPolicy(
-        workload, profile, config.cold_start_samples, config.max_ttl_s,
-        prior_samples=config.prior_samples if config.duration_estimator == "shrunk" else None,
-        pin_cost=config.pin_cost,
-    )
