@@ -115,7 +115,9 @@ class ContinuumConfig(BaseSettings):
         description="With vLLM's KV offload to host memory: under hold, a pin whose loss "
         "costs a reload of at most a quarter of its prefill gives way to waiting requests as "
         "under yield, when the host tier has been serving its tenant's lost pins' next turns "
-        "(80% of their prompt tokens found cached). Without a host tier it changes nothing.",
+        "(80% of their prompt tokens found cached; until 16 of them came, of the prompts of "
+        "pinned turns, held by the host tier as their pins were handed over). Without a host "
+        "tier it changes nothing.",
     )
     queue_order: Literal["program_fcfs", "sessionless_first", "pinned_fcfs", "fcfs"] = Field(
         "sessionless_first",

@@ -237,13 +237,18 @@ def test_an_expired_pins_host_copy_is_kept_before_its_blocks_become_evictable(ti
     _drain(d)
 
 
-def _lost_pins_come_back(d: ConnectorDriver, n: int, salt: str | None = None) -> None:
-    """`n` programs (of tenant `salt`) whose tool (`quick`, TTL 0) is never
-    pinned come back a moment later: their next turns find their contexts
-    cached, as the reloadable rule measures it (nothing here tells it so)."""
+def _lost_pins_come_back(d: ConnectorDriver, n: int, salt: str | None = None,
+                         pinned: bool = False) -> None:
+    """`n` programs (of tenant `salt`) come back a moment later. Their tool
+    (`quick`, TTL 0) is never pinned: their next turns find their contexts
+    cached; or (`pinned`) it is, and the pins are handed to their next turns
+    while the host tier still holds the contexts. Either is what the
+    reloadable rule measures (nothing here tells it so). Pinned contexts are
+    4x longer: the host holds prompts, not the outputs on top of them."""
     for i in range(n):
-        t1 = d.add(make_request(tokens(100 + i, PROMPT), session=f"w{i}", max_tokens=16,
-                                cache_salt=salt), tool_call_script(d, "quick"))
+        t1 = d.add(make_request(tokens(100 + i, PROMPT * (4 if pinned else 1)), session=f"w{i}",
+                                max_tokens=16, cache_salt=salt),
+                   tool_call_script(d, "search" if pinned else "quick"))
         d.until(t1.is_finished)
         d.flush()
         t2 = d.add(next_turn(t1, extra=4, cache_salt=salt), answer_script())
@@ -253,6 +258,8 @@ def _lost_pins_come_back(d: ConnectorDriver, n: int, salt: str | None = None) ->
 
 @pytest.mark.parametrize("served, rule, gives_way", [
     ("A's", True, True),  # its tenant's lost pins came back from the cache: a reload away
+    ("A's pinned", True, True),  # its tenant's pins were resumed while the host held them too
+    ("A's pinned, tier small", True, False),  # ... but the host held only part of them: kept
     ("too few", True, False),  # too few to go by: kept, as the paper's hold keeps it
     ("another tenant's", True, False),  # only another tenant's came back: kept
     ("A's", False, False),  # `reloadable_pins_yield: false`: kept
@@ -263,15 +270,19 @@ def test_a_reloadable_pin_gives_way_while_the_host_tier_serves_lost_pins_back(
     on 21 and grows; a one-shot of 38 blocks arrives: 35 are free. Under
     hold a pin is kept while other work runs, so it waits for the runner; a
     pin whose loss costs a reload gives way at once when the tier has been
-    serving its tenant's lost pins back (those of another tenant, a
-    `cache_salt`, count for that tenant only), and A's next turn then finds
-    its context cached."""
+    serving its tenant's lost pins back, or holding its resumed pins'
+    contexts (another tenant's, a `cache_salt`, count for that tenant only),
+    and A's next turn then finds its context cached."""
+    small = served.endswith("tier small")  # 16 blocks: A's prompt (6), not the pinned ones' (25)
     d = _build(tiny_model_dir, async_scheduling, num_blocks=64, default_ttl_s=100.0,
-               tool_ttl_s={"quick": 0}, reloadable_pins_yield=rule)
+               tool_ttl_s={"quick": 0}, reloadable_pins_yield=rule, host_blocks=16 if small else HOST_BLOCKS)
     s = d.scheduler
     _lost_pins_come_back(d, MIN_SAMPLES // 2 if served == "too few" else MIN_SAMPLES,
-                         salt="other" if served == "another tenant's" else None)
+                         salt="other" if served == "another tenant's" else None,
+                         pinned=served.startswith("A's pinned"))
     assert (s.continuum.reloadable is not None) == rule
+    if served.startswith("A's pinned"):  # the evidence is the pins' hand-overs
+        assert s.continuum.reloadable.served(None).trusted != small
     t1 = _first_turn(d, "A")
     pin = s.continuum.pins.get("A")
     assert pin is not None and pin.reloadable == gives_way

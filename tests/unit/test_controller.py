@@ -491,3 +491,42 @@ def test_under_service_order_a_new_program_goes_before_a_served_one(order):
     keys = {r.request_id: c.queue.queue_key(r) for r in (a2, b1)}
     first = min(keys, key=keys.get)
     assert first == ("a2" if order == "arrival" else "b1"), keys
+
+
+class WholeHostTier:
+    """A host tier that holds every context (vLLM's KV offload, scripted)."""
+
+    def held_tokens(self, hashes, num_tokens: int) -> int:
+        return num_tokens
+
+    def reload_s(self, num_tokens: int) -> float:
+        return num_tokens * 1e-6
+
+    def loaded_tokens(self, request_id: str) -> int:
+        return 0
+
+    def keep(self, hashes) -> None:
+        pass
+
+
+def test_a_pin_handed_over_tells_what_the_host_tier_would_have_served():
+    """A pin handed to its next turn is evidence of the host tier too: what it
+    still held of the context (here all of it, the 8 blocks of a 9-block
+    prompt), counted apart from lost pins' resumes (reloadable.py)."""
+    from vllm_continuum.core.reloadable import MIN_SAMPLES
+
+    settings = {"ttl_policy": "fixed", "default_ttl_s": 2.0, "max_session_pinned_fraction": 1.0}
+    ledger = Ledger(1000)
+    c = PinController(load_config(use_env=False, **settings), ledger, ContinuumStats(writer=None),
+                      block_size=BLOCK, hash_block_size=BLOCK, clock=Clock(), host_tier=WholeHostTier())
+    for i in range(MIN_SAMPLES):
+        blocks = [100 * i + b for b in range(8)]
+        assert run(c, ledger, Req(f"p{i}", f"S{i}", blocks))
+        nxt = Req(f"p{i}-2", f"S{i}", blocks + [100 * i + 8])
+        c.on_arrival(nxt, None)
+        ledger.take_back(nxt.blocks)
+        c.after_step([(nxt, len(blocks) * BLOCK)])  # handed over
+    served = c.reloadable.served(None)
+    assert c.stats.releases_by_reason == {"resumed": MIN_SAMPLES}
+    assert served.trusted and served.kept.share == pytest.approx(8 / 9)
+    assert not served.lost.judged  # no pin was lost

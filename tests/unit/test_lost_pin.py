@@ -105,23 +105,47 @@ def test_the_tier_is_trusted_only_after_it_served_lost_pins_back():
     rule = Reloadable(PROFILE, window=32)
     held = Held(70_000, 0.07)
     for _ in range(MIN_SAMPLES - 1):
-        rule.resumed_without_pin(None, 1000, 1000)
+        rule.resumed(None, 1000, 1000)
     assert not rule.gives_way(None, 70_000, held)  # too few to go by
-    rule.resumed_without_pin(None, 1000, 950)
+    rule.resumed(None, 1000, 950)
     served = rule.served(None)
-    assert served.trusted and served.share == pytest.approx((15_000 + 950) / 16_000)
+    lost = served.lost
+    assert served.trusted and lost.share == pytest.approx((15_000 + 950) / 16_000)
     assert rule.gives_way(None, 70_000, held) and not rule.gives_way(None, 70_000, NOTHING_HELD)
     # Contexts that come back recomputed (a tier too small for the traffic) switch it off...
     for _ in range(16):
-        rule.resumed_without_pin(None, 1000, 100)
-    assert served.share == pytest.approx((15_950 + 1_600) / 32_000) and not served.trusted
+        rule.resumed(None, 1000, 100)
+    assert lost.share == pytest.approx((15_950 + 1_600) / 32_000) and not served.trusted
     # ...and the window forgets the old ones: only the last 32 count.
     for _ in range(32):
-        rule.resumed_without_pin(None, 1000, 1000)
-    assert served.share == 1.0 and served.trusted
-    rule.resumed_without_pin(None, 0, 0)  # nothing to judge by: ignored
-    rule.resumed_without_pin(None, 10, 50)  # a claim past the prompt counts as the prompt
-    assert served.share == 1.0
+        rule.resumed(None, 1000, 1000)
+    assert lost.share == 1.0 and served.trusted
+    rule.resumed(None, 0, 0)  # nothing to judge by: ignored
+    rule.resumed(None, 10, 50)  # a claim past the prompt counts as the prompt
+    assert lost.share == 1.0
+
+
+def test_hand_overs_judge_the_tier_until_lost_pins_can():
+    """A pin handed to its next turn tells what the host tier still held of
+    its context: what that turn would have loaded had the pin been lost.
+    Where pins are seldom lost that is the only evidence; once enough lost
+    pins have resumed, theirs has the last word (a hand-over does not see
+    the queue a lost pin's next turn waits in)."""
+    rule = Reloadable(PROFILE, window=32)
+    held = Held(70_000, 0.07)
+    for _ in range(MIN_SAMPLES):
+        rule.resumed(None, 1000, 900, pinned=True)
+    served = rule.served(None)
+    assert served.kept.share == pytest.approx(0.9) and served.trusted
+    assert rule.gives_way(None, 70_000, held)
+    for _ in range(MIN_SAMPLES - 1):  # lost pins came back half computed: not yet enough to judge
+        rule.resumed(None, 1000, 500)
+    assert served.trusted
+    rule.resumed(None, 1000, 500)
+    assert not served.trusted and not rule.gives_way(None, 70_000, held)
+    for _ in range(MIN_SAMPLES):  # hand-overs cannot outvote them
+        rule.resumed(None, 1000, 1000, pinned=True)
+    assert not served.trusted
 
 
 def test_one_tenants_resumes_make_no_other_tenants_pins_give_way():
@@ -131,9 +155,9 @@ def test_one_tenants_resumes_make_no_other_tenants_pins_give_way():
     rule = Reloadable(PROFILE, max_tenants=2)
     held = Held(70_000, 0.07)
     for _ in range(MIN_SAMPLES):
-        rule.resumed_without_pin("a", 1000, 1000)
+        rule.resumed("a", 1000, 1000)
     assert rule.gives_way("a", 70_000, held)
     assert not rule.gives_way(None, 70_000, held) and not rule.gives_way("b", 70_000, held)
     for salt in ("b", "c"):  # a third salted tenant: "a", the least recent, is forgotten
-        rule.resumed_without_pin(salt, 1000, 1000)
+        rule.resumed(salt, 1000, 1000)
     assert rule.served("a") is None and not rule.gives_way("a", 70_000, held)

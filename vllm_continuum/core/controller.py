@@ -304,8 +304,8 @@ class PinController:
                 if not had_pin:  # T: what turns that lost their cache waited
                     self.workload.queueing.add(self.now() - arrived)
                     if self.reloadable is not None:
-                        self.reloadable.resumed_without_pin(turn.program.tenant, request.num_prompt_tokens,
-                                                            num_cached_tokens)
+                        self.reloadable.resumed(turn.program.tenant, request.num_prompt_tokens,
+                                                num_cached_tokens)
                 loaded = self.host_tier.loaded_tokens(request.request_id) if self.host_tier else 0
                 self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens,
                                      resume_source(had_pin, loaded, num_cached_tokens))
@@ -402,6 +402,10 @@ class PinController:
         session = turn.session if turn is not None else session_key(request.session_id)
         pin = self.pins.pin_continued_by(session, request.block_hashes)
         if pin is not None and pin.request_id != request.request_id:
+            if self.reloadable is not None and pin.program is not None:
+                # What the host tier would have served had the pin been lost (reloadable.py).
+                self.reloadable.resumed(pin.program.tenant, request.num_prompt_tokens,
+                                        self.maker.held_now(pin).tokens, pinned=True)
             self.releaser.release(pin, ReleaseReason.RESUMED)
 
     def _pin_gone(self, pin: Pin) -> None:

@@ -15,11 +15,18 @@ and keeping it makes the requests behind it wait for nothing. Such a pin is
 - the tier serves lost pins back: of the last `WINDOW` turns that resumed a
   context without a pin (it expired, gave way, or was never made), the
   tokens found cached (host tier or GPU prefix cache) are at least
-  `SERVED_SHARE` of their prompts. A host tier too small for the traffic
-  evicts a context before its next turn comes (tool time plus the queue's
-  wait); measured, not modelled, so that a 1x tier under overload keeps its
-  pins (`hold` measured 3.03x over stock + offload there, `yield` 1.97x)
-  and a 3x one lets them go (docs/benchmarks.md, issue 47).
+  `SERVED_SHARE` of their prompts. Until `MIN_SAMPLES` such turns have
+  come, the tier is judged by the pins handed to their next turns: what it
+  still held of each context then, what that turn would have loaded had
+  the pin been lost. (Lost pins are rare where pins are seldom needed, below
+  overload, where holding them made later programs wait for contexts the
+  tier held anyway; but a hand-over does not see the queue a lost pin's next
+  turn waits in, so lost pins' own resumes, once enough, have the last
+  word.) A host tier too small for the traffic evicts a context before its
+  next turn comes (tool time plus the queue's wait); measured, not
+  modelled, so that a 1x tier under overload keeps its pins (`hold`
+  measured 3.03x over stock + offload there, `yield` 1.97x) and a 3x one
+  lets them go (docs/benchmarks.md, issue 47).
 
 The share is kept per tenant (a request's `cache_salt`, tool_stats.py),
 and a pin is judged when it is made, by its own tenant's share: one
@@ -47,9 +54,9 @@ WINDOW = 64  # resumes without a pin the share is measured over
 MIN_SAMPLES = 16  # until then, the tier is not trusted (every pin is kept)
 
 
-class ServedShare:
-    """One tenant's last `window` resumes without a pin: the share of their
-    prompt tokens found cached (the same window of both sums)."""
+class Share:
+    """The last `window` resumes of one kind: the share of their prompt
+    tokens the cache served, or would have (the same window of both sums)."""
 
     __slots__ = ("_prompt", "_cached")
 
@@ -66,9 +73,26 @@ class ServedShare:
         return self._cached.mean / prompt if prompt else 0.0
 
     @property
+    def judged(self) -> bool:
+        return len(self._prompt) >= MIN_SAMPLES
+
+
+class ServedShare:
+    """One tenant's evidence: its lost pins' resumes, and its pins' hand-overs."""
+
+    __slots__ = ("lost", "kept")
+
+    def __init__(self, window: int) -> None:
+        self.lost, self.kept = Share(window), Share(window)
+
+    @property
     def trusted(self) -> bool:
-        """Whether lost pins' contexts have been coming back from the cache."""
-        return len(self._prompt) >= MIN_SAMPLES and self.share >= SERVED_SHARE
+        """Whether lost pins' contexts have been coming back from the cache.
+        Lost pins' own resumes, when there are enough of them, have the last
+        word: a hand-over does not see the queue a lost pin's turn waits in."""
+        if self.lost.judged:
+            return self.lost.share >= SERVED_SHARE
+        return self.kept.judged and self.kept.share >= SERVED_SHARE
 
 
 class Reloadable:
@@ -94,10 +118,12 @@ class Reloadable:
         """The tenant's share, if it has one. O(1); reads change nothing."""
         return self._unsalted if tenant is None else self._salted.get(tenant)
 
-    def resumed_without_pin(self, tenant: Tenant, prompt_tokens: int, cached_tokens: int) -> None:
-        """A turn of `tenant` that continued its program without a pin was admitted."""
+    def resumed(self, tenant: Tenant, prompt_tokens: int, cached_tokens: int, pinned: bool = False) -> None:
+        """A turn of `tenant` continued its program: `cached_tokens` of its
+        prompt were found cached (no pin), or (`pinned`) held by the host tier
+        as its pin was handed over."""
         if prompt_tokens <= 0:
             return
         served = (self._unsalted if tenant is None else
                   salted_entry(self._salted, tenant, self.max_tenants, lambda: ServedShare(self.window)))
-        served.add(prompt_tokens, cached_tokens)
+        (served.kept if pinned else served.lost).add(prompt_tokens, cached_tokens)
