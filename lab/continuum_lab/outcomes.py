@@ -29,6 +29,12 @@ from continuum_lab.results import RunResult
 SLOWER = 1.10  # a program is "slower" beyond this JCT ratio to the baseline
 
 
+def geomean(xs: Sequence[float]) -> float:
+    """The geometric mean of the positive, finite values (NaN if none)."""
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
 def _over(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else float("nan")
 

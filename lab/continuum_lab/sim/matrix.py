@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from continuum_lab.configs import CONFIG_DIR, named_yaml
-from continuum_lab.outcomes import outcome, program_outcome
+from continuum_lab.outcomes import geomean, outcome, program_outcome
 from continuum_lab.publish import publish_report
 from continuum_lab.report import save_figure, summarize
 from continuum_lab.sim.cost_model import load_cost_model
@@ -86,11 +86,6 @@ class MatrixSpec(BaseModel):
         only = load or (self.quick_load if quick else None)
         return [(c, name, c.load(name).rate) for c in self.cells for name in c.loads
                 if only is None or name == only]
-
-
-def geomean(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x > 0 and math.isfinite(x)]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
 def cell_summary(rows: list[dict]) -> dict[str, dict]:

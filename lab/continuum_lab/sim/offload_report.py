@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import math
 
-from continuum_lab.outcomes import SLOWER
-from continuum_lab.sim.matrix import geomean
+from continuum_lab.outcomes import SLOWER, geomean
 from continuum_lab.sim.policies import OFFLOAD, split_offload
 
 TARGET_GAIN = 1.5
