@@ -161,3 +161,11 @@ def test_one_tenants_resumes_make_no_other_tenants_pins_give_way():
     for salt in ("b", "c"):  # a third salted tenant: "a", the least recent, is forgotten
         rule.resumed(salt, 1000, 1000)
     assert rule.served("a") is None and not rule.gives_way("a", 70_000, held)
+
+
+def test_hand_overs_are_not_read_once_lost_pins_are_judged():
+    rule = Reloadable(PROFILE, window=32)
+    assert rule.reads_hand_overs(None) and rule.reads_hand_overs("unseen")
+    for _ in range(MIN_SAMPLES):
+        rule.resumed(None, 1000, 500)
+    assert not rule.reads_hand_overs(None)  # the host lookup is skipped from now on

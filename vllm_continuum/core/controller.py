@@ -402,10 +402,11 @@ class PinController:
         session = turn.session if turn is not None else session_key(request.session_id)
         pin = self.pins.pin_continued_by(session, request.block_hashes)
         if pin is not None and pin.request_id != request.request_id:
-            if self.reloadable is not None and pin.program is not None:
+            program, rule = pin.program, self.reloadable
+            if program is not None and rule is not None and rule.reads_hand_overs(program.tenant):
                 # What the host tier would have served had the pin been lost (reloadable.py).
-                self.reloadable.resumed(pin.program.tenant, request.num_prompt_tokens,
-                                        self.maker.held_now(pin).tokens, pinned=True)
+                rule.resumed(program.tenant, request.num_prompt_tokens,
+                             self.maker.held_now(pin).tokens, pinned=True)
             self.releaser.release(pin, ReleaseReason.RESUMED)
 
     def _pin_gone(self, pin: Pin) -> None:

@@ -118,6 +118,13 @@ class Reloadable:
         """The tenant's share, if it has one. O(1); reads change nothing."""
         return self._unsalted if tenant is None else self._salted.get(tenant)
 
+    def reads_hand_overs(self, tenant: Tenant) -> bool:
+        """Whether a hand-over of `tenant`'s can still count: not once its lost
+        pins are judged (they keep the last word, and their window stays full),
+        so the host lookup a hand-over's sample needs is not made for nothing."""
+        served = self.served(tenant)
+        return served is None or not served.lost.judged
+
     def resumed(self, tenant: Tenant, prompt_tokens: int, cached_tokens: int, pinned: bool = False) -> None:
         """A turn of `tenant` continued its program: `cached_tokens` of its
         prompt were found cached (no pin), or (`pinned`) held by the host tier
