@@ -156,6 +156,8 @@ def test_server_counters_from_a_known_exposition(monkeypatch):
         'continuum_ttl_seconds_sum{model_name="m",tool="search"} 0.0',
         "# TYPE continuum_pins counter",
         'continuum_pins_total{model_name="m",tool="grep"} 3.0',
+        "# TYPE continuum_reloadable_pins counter",
+        'continuum_reloadable_pins_total{model_name="m"} 2.0',
         "# TYPE continuum_resumes counter",
         'continuum_resumes_total{model_name="m",outcome="pinned"} 2.0',
         'continuum_resumes_total{model_name="m",outcome="unpinned"} 1.0',
@@ -173,10 +175,10 @@ def test_server_counters_from_a_known_exposition(monkeypatch):
     monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(
         200, text=pages[url], request=httpx.Request("GET", url)))
     counters = server_counters.continuum_counters("http://c/")
-    assert counters == {"tool_calls_read": {"grep": 3, "search": 2}, "pins": 3,
+    assert counters == {"tool_calls_read": {"grep": 3, "search": 2}, "pins": 3, "reloadable_pins": 2,
                         "resumes": {"pinned": 2, "unpinned": 1}, "releases": {"expired": 1}}
     assert server_counters.counters_line("continuum", counters) == (
-        "continuum server: read 5 tool calls (grep 3, search 2), pinned 3; "
+        "continuum server: read 5 tool calls (grep 3, search 2), pinned 3 (2 reloadable); "
         "resumed turns: pinned 2, unpinned 1; pin releases: expired 1")
     assert server_counters.continuum_counters("http://s") == {}
     # vLLM's preemptions, over its engines; none from a server that does not export them.

@@ -10,14 +10,20 @@ import time
 from continuum_lab.machine import CpuMeter
 from continuum_lab.prediction.tables import cores_used
 
-BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\ntime.sleep(30)"
+# The burn starts on a line from stdin, once the meter has read its baseline: on a
+# loaded machine the child could otherwise burn before the meter starts (seen: 0.43 s).
+BUSY = ("import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
+        "while time.process_time() - t < {s}: pass\ntime.sleep(30)")
 
 
 def test_a_session_s_cpu_is_counted_and_the_client_s_apart():
     # A "server" that burns 0.5 s of CPU and then idles, in its own session as compare starts one.
-    server = subprocess.Popen([sys.executable, "-c", BUSY.format(s=0.5)], start_new_session=True)
+    server = subprocess.Popen([sys.executable, "-c", BUSY.format(s=0.5)], start_new_session=True,
+                              stdin=subprocess.PIPE, text=True)
     try:
         from_start = CpuMeter(server.pid)
+        server.stdin.write("burn\n")
+        server.stdin.flush()
         # Until its burn is over (on a loaded machine that takes longer than 0.5 s of
         # wall time); the meter only reads /proc: it takes no CPU meanwhile.
         deadline, last = time.monotonic() + 60, -1.0

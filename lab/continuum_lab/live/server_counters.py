@@ -24,7 +24,7 @@ from collections import Counter
 
 import httpx
 
-from vllm_continuum.metrics.names import PIN_RELEASES, PINS, RESUMES, TTL_SECONDS
+from vllm_continuum.metrics.names import PIN_RELEASES, PINS, RELOADABLE_PINS, RESUMES, TTL_SECONDS
 
 VLLM_PREEMPTIONS = "vllm:num_preemptions"  # vLLM's counter (v1/metrics/loggers.py)
 # vLLM's prompt tokens by where their KV came from (v1/metrics/stats.py's
@@ -94,24 +94,29 @@ def cache_line(label: str, delta: dict[str, float]) -> str:
 
 
 def continuum_counters(base_url: str, timeout_s: float = 10.0) -> dict:
-    """The server's totals: tool calls read (by tool), pins, resumes by outcome,
-    pin releases by reason. Empty on a server without continuum's metrics."""
+    """The server's totals: tool calls read (by tool), pins (and of those, the
+    pins made reloadable: they give way as a host tier would serve them back),
+    resumes by outcome, pin releases by reason. Empty on a server without
+    continuum's metrics."""
     calls: Counter[str] = Counter()
     resumes: Counter[str] = Counter()
     releases: Counter[str] = Counter()
-    pins = 0.0
+    pins = reloadable = 0.0
     for sample in _samples(base_url, timeout_s):
         if sample.name == f"{TTL_SECONDS}_count":
             calls[sample.labels.get("tool", "")] += sample.value
         elif sample.name == f"{PINS}_total":
             pins += sample.value
+        elif sample.name == f"{RELOADABLE_PINS}_total":
+            reloadable += sample.value
         elif sample.name == f"{RESUMES}_total":
             resumes[sample.labels.get("outcome", "")] += sample.value
         elif sample.name == f"{PIN_RELEASES}_total":
             releases[sample.labels.get("reason", "")] += sample.value
     if not calls and not pins and not resumes:
         return {}
-    return {"tool_calls_read": _as_ints(calls), "pins": int(pins), "resumes": _as_ints(resumes),
+    return {"tool_calls_read": _as_ints(calls), "pins": int(pins),
+            "reloadable_pins": int(reloadable), "resumes": _as_ints(resumes),
             "releases": _as_ints(releases)}
 
 
@@ -125,4 +130,5 @@ def counters_line(label: str, counters: dict) -> str:
     resumes = ", ".join(f"{k} {n}" for k, n in counters["resumes"].items()) or "none"
     releases = ", ".join(f"{k} {n}" for k, n in counters["releases"].items()) or "none"
     return (f"{label} server: read {sum(calls.values())} tool calls ({by_tool or 'none'}), "
-            f"pinned {counters['pins']}; resumed turns: {resumes}; pin releases: {releases}")
+            f"pinned {counters['pins']} ({counters.get('reloadable_pins', 0)} reloadable); "
+            f"resumed turns: {resumes}; pin releases: {releases}")
