@@ -20,7 +20,8 @@ program (`Turn`, `ProgramTable`, the workload model) over a
 
 Between a turn's end and its blocks' free it waits in `pending_pins.py`;
 which queued turns continue which pin (the pinned lane) is
-`pinned_lane.py`'s bookkeeping.
+`pinned_lane.py`'s bookkeeping; what a turn that continues its program
+teaches as it is admitted or takes its pin over is `resumes.py`'s.
 
 The waiting queue (`waiting_queue.py`) asks `queue` (`queue_rules.py`) for
 lanes, keys and who is overdue; those rules read the pins and turns kept
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from vllm_continuum.core.hints import Hints, parse_hints
 from vllm_continuum.core.ledger import BlockLedger
-from vllm_continuum.core.lost_pin import HostTier, KeepingHostCopies, resume_source
+from vllm_continuum.core.lost_pin import HostTier, KeepingHostCopies
 from vllm_continuum.core.pending_pins import PendingPin, PendingPins
 from vllm_continuum.core.pin_maker import PinMaker, PinMakerEvents
 from vllm_continuum.core.pin_release import PinReleaser, ReleaseEvents
@@ -50,6 +51,7 @@ from vllm_continuum.core.prefill_profile import PrefillProfile
 from vllm_continuum.core.queue_rules import QueueRules
 from vllm_continuum.core.reloadable import Reloadable
 from vllm_continuum.core.programs import ProgramTable
+from vllm_continuum.core.resumes import ResumeEvents, Resumes
 from vllm_continuum.core.running_calls import LATE_RETURN_S
 from vllm_continuum.core.sessions import session_key
 from vllm_continuum.core.tool_calls import ToolCall
@@ -67,12 +69,10 @@ T = TypeVar("T")
 ToolCallReader = Callable[[Hints], ToolCall | None]  # the call a finished output makes
 
 
-class PinEvents(PinMakerEvents, ReleaseEvents, Protocol):
+class PinEvents(PinMakerEvents, ReleaseEvents, ResumeEvents, Protocol):
     """What the controller reports (`vllm_continuum.metrics.stats.ContinuumStats`
     counts it for `/metrics`)."""
 
-    def on_resume(self, had_pin: bool, prompt_tokens: int, cached_tokens: int,
-                  source: str = "") -> None: ...
     def on_invalid_hints(self, count: int) -> None: ...
     def on_turn_outcome(self, call_format: str | None) -> None: ...
     def on_tool_duration(self, tool: str, seconds: float) -> None: ...
@@ -149,7 +149,6 @@ class PinController:
                                 requeue=on_lane_change)
         self._policy = policy
         revisit = self._revisit if hasattr(policy, "revisit") else None
-        self.host_tier = host_tier
         events = stats if host_tier is None else KeepingHostCopies(stats, host_tier)
         # Which pins the host tier would serve back (none without one, or with the rule off),
         # priced by the TTL rule's prefill profile if it has one.
@@ -167,6 +166,8 @@ class PinController:
                               block_size=block_size, hash_block_size=hash_block_size,
                               one_kv_group=one_kv_group, pool_state=pool_state, now=self.now,
                               host_tier=host_tier, reloadable=self.reloadable)
+        self.resumes = Resumes(self.workload, stats, host_tier=host_tier,
+                               reloadable=self.reloadable, held_now=self.maker.held_now)
 
     # ------------------------------------------------------------ front door
     def lane_queue(self, queue_cls: type[LaneQueue]) -> LaneQueue:
@@ -298,17 +299,7 @@ class PinController:
             turn.cached = num_cached_tokens
             self.queue.went_ahead(request, turn)
             self.lane.dequeued(request, turn)
-            if turn.resuming is not None:
-                had_pin, arrived = turn.resuming
-                turn.resuming = None
-                if not had_pin:  # T: what turns that lost their cache waited
-                    self.workload.queueing.add(self.now() - arrived)
-                    if self.reloadable is not None:
-                        self.reloadable.resumed(turn.program.tenant, request.num_prompt_tokens,
-                                                num_cached_tokens)
-                loaded = self.host_tier.loaded_tokens(request.request_id) if self.host_tier else 0
-                self.stats.on_resume(had_pin, request.num_prompt_tokens, num_cached_tokens,
-                                     resume_source(had_pin, loaded, num_cached_tokens))
+            self.resumes.admitted(request, turn, num_cached_tokens, self.now())
         if turn is None or not turn.handed_over:  # (its allocation mostly did)
             self._hand_over(request, turn)
 
@@ -402,11 +393,7 @@ class PinController:
         session = turn.session if turn is not None else session_key(request.session_id)
         pin = self.pins.pin_continued_by(session, request.block_hashes)
         if pin is not None and pin.request_id != request.request_id:
-            program, rule = pin.program, self.reloadable
-            if program is not None and rule is not None and rule.reads_hand_overs(program.tenant):
-                # What the host tier would have served had the pin been lost (reloadable.py).
-                rule.resumed(program.tenant, request.num_prompt_tokens,
-                             self.maker.held_now(pin).tokens, pinned=True)
+            self.resumes.handed_over(pin, request)
             self.releaser.release(pin, ReleaseReason.RESUMED)
 
     def _pin_gone(self, pin: Pin) -> None:
