@@ -130,5 +130,5 @@ def counters_line(label: str, counters: dict) -> str:
     resumes = ", ".join(f"{k} {n}" for k, n in counters["resumes"].items()) or "none"
     releases = ", ".join(f"{k} {n}" for k, n in counters["releases"].items()) or "none"
     return (f"{label} server: read {sum(calls.values())} tool calls ({by_tool or 'none'}), "
-            f"pinned {counters['pins']} ({counters.get('reloadable_pins', 0)} reloadable); "
+            f"pinned {counters['pins']} ({counters['reloadable_pins']} reloadable); "
             f"resumed turns: {resumes}; pin releases: {releases}")
